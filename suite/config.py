@@ -1,0 +1,336 @@
+"""Typed run configuration: every default in one place, registered in Hydra's ConfigStore.
+
+Swappable parts are config groups (``backend``, ``model``, ``task``, ``quant``,
+``correction``, ``algo``); YAML presets and command-line overrides only override. A mistyped
+key fails at compose time (Hydra struct mode); a bad value or an impossible combination
+fails in :func:`validate`, before anything runs, naming the full key and the allowed values.
+
+    cfg = compose_config(["quant=fp8", "uaq.s=1.0", "algo=dapo"])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra import compose, initialize
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
+FP8_GRANULARITIES = ("per_tensor", "per_channel", "block")
+CORRECTIONS = ("naive", "tis", "acr", "tbpo")
+ALGOS = ("ppo", "grpo", "dapo")
+AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+TASKS = ("arith", "word")
+BACKENDS = ("embedded",)
+MODEL_PRESETS = ("tiny", "small", "base", "large", "wide")
+
+
+@dataclass
+class BackendConfig:
+    name: str = "embedded"  # embedded (pure PyTorch, CPU) | verl (GPU clusters, later)
+
+
+@dataclass
+class ModelConfig:
+    preset: str = "small"  # tiny (~1M params, tests) | small (~3M) | base (~12M) | large (~50M) | wide (d_model 512)
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arith"  # arith (multi-step arithmetic) | word (GSM8K-style templated problems)
+    difficulty: int = 2  # 1 (easiest) .. 4; number of reasoning steps and operand range
+    n_eval: int = 256  # held-out prompts scored every `eval_every` steps
+
+
+@dataclass
+class QuantConfig:
+    precision: str = "int8"  # rollout actor precision: fp32 | bf16 | int8 (W8A8) | fp8 (E4M3) | w4a16
+    fp8_granularity: str = "per_channel"  # FP8 weight scales: per_tensor | per_channel | block
+    block_size: int = 128  # FP8 block edge (entries) when fp8_granularity=block
+    group_size: int = 128  # W4A16 group size (input entries per scale); clipped to the layer width
+    symmetric: bool = True  # W4A16: symmetric (no zero point) or asymmetric
+
+
+@dataclass
+class UAQConfig:
+    s: float = 1.5  # UAQ invariant scale (QuRL §4.2); 1.0 disables it. Paper default 1.5, 2.0 unstable
+
+
+@dataclass
+class CorrectionConfig:
+    mode: str = "acr"  # naive | tis (FlashRL) | acr (QuRL) | tbpo (QaRL, sequence level)
+    tis_cap: float = 2.0  # C: truncation of the IS weight pi_prox / pi_behav (FlashRL used 2 and 8)
+    tbpo_delta_pos: float = 0.2  # TBPO: positive-advantage sequences clipped above at 1 + delta_pos
+    tbpo_delta_neg_low: float = 0.2  # TBPO: negative-advantage band lower edge 1 - delta_neg_low
+    tbpo_delta_neg_high: float = 0.2  # TBPO: negative-advantage band upper edge 1 + delta_neg_high
+    tbpo_seq_cap: float = 2.0  # TBPO: cap of the sequence-level IS weight w_seq
+    aligned_forward: bool = False  # QaRL: trainer forward uses the rollout quantizer (fake-quant, STE)
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "grpo"  # ppo (GAE + critic) | grpo (group-normalised) | dapo
+    group_size: int = 8  # G: responses sampled per prompt (1 for ppo is allowed)
+    clip_low: float = 0.2  # epsilon_low: ratio clipped below at 1 - clip_low
+    clip_high: float = 0.2  # epsilon_high: ratio clipped above at 1 + clip_high (DAPO clip-higher: 0.28)
+    dual_clip: Optional[float] = None  # verl clip_ratio_c for negative advantages (e.g. 3.0); null = off
+    agg: str = "token-mean"  # loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum
+    norm_adv_by_std: bool = True  # GRPO: divide group-centred rewards by the group std (Dr. GRPO: false)
+    kl_coef: float = 0.0  # KL-to-reference loss coefficient (0 = no reference model)
+    kl_estimator: str = "k3"  # k1 | k2 | k3 (k3 = verl low_var_kl)
+    gamma: float = 1.0  # PPO discount
+    lam: float = 0.95  # PPO GAE lambda
+    critic_lr: float = 1e-3  # PPO critic learning rate
+    value_clip: float = 0.5  # PPO value-function clip range
+    dynamic_sampling: bool = False  # DAPO: keep groups with 0 < #correct < G, resample to fill the batch
+    max_resample_rounds: int = 4  # DAPO: extra generation rounds allowed to fill the batch
+    overlong_buffer: int = 0  # DAPO L_cache (tokens) inside max_new_tokens; 0 = no overlong shaping
+    overlong_penalty: float = 1.0  # DAPO overlong penalty factor
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = 8  # prompts per RL step; rollouts per step = prompts_per_step * group_size
+    max_new_tokens: int = 32  # response budget (tokens)
+    temperature: float = 1.0  # sampling temperature (log-probs are of the tempered distribution)
+    top_p: float = 1.0  # nucleus sampling mass
+    eval_temperature: float = 0.0  # held-out evaluation decoding (0 = greedy)
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 5e-4  # actor AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
+    grad_clip: float = 1.0  # max global gradient norm
+    epochs: int = 1  # passes over each step's rollouts (ppo_epochs)
+    minibatches: int = 2  # optimizer steps per epoch (ppo_mini_batch = rollouts / minibatches)
+    bf16_autocast: bool = True  # trainer forward/backward under bf16 autocast (master weights fp32)
+
+
+@dataclass
+class WarmStartConfig:
+    steps: int = 600  # supervised steps on task traces before RL (0 = RL from scratch)
+    batch_size: int = 64  # sequences per supervised step
+    lr: float = 2e-3  # supervised learning rate (cosine to 10%)
+    seed: int = 0  # warm-start seed; not the run seed, so seeds of a sweep share one warm start
+    cache_dir: str = "${oc.env:SUITE_CACHE,'~/.cache/suite'}/warmstart"  # keyed by everything it depends on
+
+
+@dataclass
+class TrackingConfig:
+    tracking_uri: str = "${oc.env:MLFLOW_TRACKING_URI,'sqlite:///mlflow.db'}"  # MLflow store / server
+    experiment: str = "suite"  # MLflow experiment name
+    run_name: str = ""  # MLflow run name; empty = derived from the axes
+    console_every: int = 10  # print a metrics line every N steps (0 = never)
+
+
+@dataclass
+class Config:
+    defaults: List[Any] = field(
+        # _self_ first: the chosen group options override the dataclass defaults below.
+        default_factory=lambda: [
+            "_self_",
+            {"backend": "embedded"},
+            {"model": "small"},
+            {"task": "arith"},
+            {"quant": "int8"},
+            {"correction": "acr"},
+            {"algo": "grpo"},
+        ]
+    )
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    uaq: UAQConfig = field(default_factory=UAQConfig)
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    seed: int = 0  # seeds data, init, sampling; part of the run id
+    steps: int = 200  # RL steps
+    eval_every: int = 25  # held-out evaluation every N steps (and at the first and last step)
+    ckpt_every: int = 20  # checkpoint (and MLflow commit) every N steps
+    out_dir: str = "runs"  # run directories live in out_dir/<run_id>
+    threads: int = 0  # torch intra-op threads (0 = torch's default)
+
+
+def _register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="config", node=Config)
+    cs.store(group="backend", name="embedded", node=BackendConfig(name="embedded"))
+    for preset in MODEL_PRESETS:
+        cs.store(group="model", name=preset, node=ModelConfig(preset=preset))
+    for task in TASKS:
+        cs.store(group="task", name=task, node=TaskConfig(name=task))
+    for precision in PRECISIONS:
+        cs.store(group="quant", name=precision, node=QuantConfig(precision=precision))
+    for mode in CORRECTIONS:
+        cs.store(group="correction", name=mode, node=CorrectionConfig(mode=mode))
+    cs.store(group="algo", name="grpo", node=AlgoConfig(name="grpo"))
+    # PPO: token-level GAE with a critic (verl: adv_estimator=gae); G responses per prompt like GRPO,
+    # so both see the same rollouts per step and compare at equal cost.
+    cs.store(group="algo", name="ppo", node=AlgoConfig(name="ppo"))
+    # DAPO (arXiv 2503.14476): clip-higher, token-mean, dynamic sampling, overlong shaping, no KL.
+    cs.store(
+        group="algo",
+        name="dapo",
+        node=AlgoConfig(
+            name="dapo", clip_high=0.28, agg="token-mean", dynamic_sampling=True, overlong_buffer=8, kl_coef=0.0
+        ),
+    )
+
+
+_register()
+
+
+class ConfigError(ValueError):
+    """A configuration value or combination that cannot run; the message names the key."""
+
+
+def _choice(cfg: DictConfig, key: str, allowed: tuple) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {message}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Reject bad values and impossible combinations, naming the full key and allowed values."""
+    _choice(cfg, "backend.name", BACKENDS)
+    _choice(cfg, "model.preset", MODEL_PRESETS)
+    _choice(cfg, "task.name", TASKS)
+    _choice(cfg, "quant.precision", PRECISIONS)
+    _choice(cfg, "quant.fp8_granularity", FP8_GRANULARITIES)
+    _choice(cfg, "correction.mode", CORRECTIONS)
+    _choice(cfg, "algo.name", ALGOS)
+    _choice(cfg, "algo.agg", AGGS)
+    _choice(cfg, "algo.kl_estimator", KL_ESTIMATORS)
+    s = cfg.uaq.s
+    _check(s > 0 and s == s and s != float("inf"), "uaq.s", f"must be a finite number > 0, got {s}")
+    _check(1 <= cfg.task.difficulty <= 4, "task.difficulty", f"must be in 1..4, got {cfg.task.difficulty}")
+    _check(cfg.task.n_eval >= 1, "task.n_eval", "must be >= 1")
+    _check(0 < cfg.algo.clip_low < 1, "algo.clip_low", f"must be in (0, 1), got {cfg.algo.clip_low}")
+    _check(cfg.algo.clip_high > 0, "algo.clip_high", f"must be > 0, got {cfg.algo.clip_high}")
+    if cfg.algo.dual_clip is not None:
+        _check(cfg.algo.dual_clip > 1, "algo.dual_clip", f"must be > 1 (verl clip_ratio_c) or null, got {cfg.algo.dual_clip}")
+    _check(cfg.correction.tis_cap >= 1, "correction.tis_cap", f"must be >= 1, got {cfg.correction.tis_cap}")
+    _check(cfg.correction.tbpo_seq_cap >= 1, "correction.tbpo_seq_cap", "must be >= 1")
+    for k in ("tbpo_delta_pos", "tbpo_delta_neg_high"):
+        _check(cfg.correction[k] > 0, f"correction.{k}", "must be > 0")
+    _check(0 < cfg.correction.tbpo_delta_neg_low < 1, "correction.tbpo_delta_neg_low", "must be in (0, 1)")
+    _check(cfg.quant.block_size >= 1 and cfg.quant.group_size >= 2, "quant.group_size", "block_size >= 1, group_size >= 2")
+    _check(cfg.rollout.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
+    _check(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+    _check(cfg.rollout.temperature > 0, "rollout.temperature", "must be > 0 (RL log-probs need a proper distribution)")
+    _check(0 < cfg.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+    _check(cfg.rollout.eval_temperature >= 0, "rollout.eval_temperature", "must be >= 0")
+    _check(cfg.train.lr > 0, "train.lr", "must be > 0")
+    _check(cfg.train.epochs >= 1, "train.epochs", "must be >= 1")
+    _check(cfg.train.minibatches >= 1, "train.minibatches", "must be >= 1")
+    _check(cfg.steps >= 1, "steps", "must be >= 1")
+    _check(cfg.eval_every >= 1, "eval_every", "must be >= 1")
+    _check(cfg.ckpt_every >= 1, "ckpt_every", "must be >= 1")
+    _check(cfg.warm_start.steps >= 0, "warm_start.steps", "must be >= 0")
+
+    algo = cfg.algo.name
+    if algo in ("grpo", "dapo"):
+        _check(cfg.algo.group_size >= 2, "algo.group_size", f"{algo} normalises rewards within a group: needs >= 2")
+    rollouts = cfg.rollout.prompts_per_step * cfg.algo.group_size
+    _check(
+        rollouts % cfg.train.minibatches == 0,
+        "train.minibatches",
+        f"must divide rollout.prompts_per_step * algo.group_size = {rollouts}",
+    )
+    if cfg.correction.mode == "tbpo":
+        _check(
+            algo != "ppo",
+            "correction.mode",
+            "tbpo is a sequence-level objective over outcome advantages; algo=ppo gives token-level "
+            "GAE advantages. Use algo=grpo or algo=dapo with correction=tbpo",
+        )
+    if cfg.correction.aligned_forward:
+        _check(
+            cfg.quant.precision != "fp32",
+            "correction.aligned_forward",
+            "aligns the trainer with a low-bit rollout; quant.precision=fp32 has nothing to align. "
+            "Choose quant=bf16|int8|fp8|w4a16 or set correction.aligned_forward=false",
+        )
+    if cfg.algo.dynamic_sampling:
+        _check(algo != "ppo", "algo.dynamic_sampling", "filters groups of G responses; not available with algo=ppo")
+    _check(
+        cfg.algo.overlong_buffer < cfg.rollout.max_new_tokens,
+        "algo.overlong_buffer",
+        f"must be < rollout.max_new_tokens ({cfg.rollout.max_new_tokens})",
+    )
+
+
+# Keys that change where results go or how fast they arrive, not what is computed.
+_NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir")
+
+
+def run_id(cfg: DictConfig) -> str:
+    """Deterministic id of a run: a hash of its resolved, semantic configuration.
+
+    Re-running the same command finds the same run directory and resumes it; sweeps use it to
+    skip finished cells.
+    """
+    data = OmegaConf.to_container(cfg, resolve=True)
+    for key in _NON_SEMANTIC:
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.get(p, {})
+        node.pop(leaf, None)
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:10]
+    return f"{axes_label(cfg)}-{digest}"
+
+
+def axes(cfg: DictConfig) -> dict[str, str]:
+    """The experiment axes of a run, as MLflow tags and analysis columns."""
+    return {
+        "backend": cfg.backend.name,
+        "precision": cfg.quant.precision,
+        "correction": cfg.correction.mode,
+        "uaq_s": f"{cfg.uaq.s:g}",
+        "algo": cfg.algo.name,
+        "task": cfg.task.name,
+        "model": cfg.model.preset,
+        "aligned_forward": str(bool(cfg.correction.aligned_forward)).lower(),
+        "seed": str(cfg.seed),
+    }
+
+
+def axes_label(cfg: DictConfig) -> str:
+    a = axes(cfg)
+    return f"{a['algo']}-{a['precision']}-{a['correction']}-s{a['uaq_s']}-{a['task']}-seed{a['seed']}"
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose the run config from the structured defaults plus Hydra overrides, then validate.
+
+    Hydra's own errors (unknown key, unknown group option) name the key and list the options.
+    """
+    GlobalHydra.instance().clear()
+    # No config directory: every node comes from the ConfigStore registered above.
+    with initialize(version_base="1.3", config_path=None, job_name="suite"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    GlobalHydra.instance().clear()
+    cfg.warm_start.cache_dir = os.path.expanduser(OmegaConf.select(cfg, "warm_start.cache_dir"))
+    validate(cfg)
+    return cfg

@@ -1,0 +1,513 @@
+"""The embedded RL loop: quantized rollout, full-precision training, every SPEC metric.
+
+One RL step (QuRL Alg. 1 / decoupled PPO, Hilton et al. 2021):
+
+1. weight sync: re-quantize the rollout copy from the full-precision actor  (timing_s/update_weights)
+2. rollout: sample G responses for each prompt with the quantized copy,
+   keeping log pi_behav of every sampled token                              (timing_s/gen)
+3. reward: exact-answer verifier (+ DAPO overlong shaping); DAPO dynamic sampling
+   keeps groups with 0 < #correct < G and generates more to fill the batch
+4. log pi_prox with the full-precision old actor                            (timing_s/old_log_prob)
+5. advantages: GRPO/DAPO group-normalised outcome rewards, or GAE with a critic (PPO)
+6. policy update: mini-batches x epochs of `suite.core.losses.policy_loss`  (timing_s/update_actor)
+7. weight-update visibility of the quantizer on the step's update          (quant/*)
+
+All math is `suite.core`; this module only moves tensors between the parts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from suite.config import axes, run_id
+from suite.core import advantages as adv_fns
+from suite.core.losses import masked_mean, policy_loss, value_loss
+from suite.core.metrics import model_update_visibility, rollout_corr_metrics
+from suite.core.quant import QuantScheme, fake_quant
+from suite.core.uaq import apply_uaq
+from suite.embedded.batch import pad_right, repad
+from suite.embedded.engine import RolloutEngine
+from suite.embedded.model import PRESETS, ModelConfig, Transformer, response_logprobs
+from suite.embedded.tasks import make_split, make_task
+from suite.embedded.tokenizer import CharTokenizer
+from suite.embedded.warmstart import load_or_train
+from suite.tracking import checkpoint as ckpt
+from suite.tracking.loggers import JsonlLogger, MlflowLogger, MultiLogger
+
+EVAL_SEED = 10_007  # held-out prompts are the same for every run seed, so seeds compare on one set
+TRAIN_POOL = 20_000  # distinct training prompts per run seed
+EVAL_BATCH = 128  # held-out prompts decoded at once
+
+
+@dataclass
+class Batch:
+    """One step's rollouts, packed (docs/architecture.md layout)."""
+
+    tokens: torch.Tensor  # [N, P + R] long
+    attention_mask: torch.Tensor  # [N, P + R] bool
+    start: int  # P
+    response_mask: torch.Tensor  # [N, R] float
+    behav_logp: torch.Tensor  # [N, R]
+    scores: torch.Tensor  # [N] reward after shaping
+    correct: torch.Tensor  # [N] 0/1 verifier outcome
+    lengths: torch.Tensor  # [N] response tokens
+    truncated: torch.Tensor  # [N] bool: hit max_new_tokens without the stop token
+
+
+def _concat(batches: list[Batch], pad_id: int) -> Batch:
+    if len(batches) == 1:
+        return batches[0]
+    p_len = max(b.start for b in batches)
+    r_len = max(b.response_mask.shape[1] for b in batches)
+    toks, masks = zip(*(repad(b.tokens, b.attention_mask, b.start, p_len, r_len, pad_id) for b in batches))
+    return Batch(
+        tokens=torch.cat(toks),
+        attention_mask=torch.cat(masks),
+        start=p_len,
+        response_mask=torch.cat([pad_right(b.response_mask, r_len, 0.0) for b in batches]),
+        behav_logp=torch.cat([pad_right(b.behav_logp, r_len, 0.0) for b in batches]),
+        scores=torch.cat([b.scores for b in batches]),
+        correct=torch.cat([b.correct for b in batches]),
+        lengths=torch.cat([b.lengths for b in batches]),
+        truncated=torch.cat([b.truncated for b in batches]),
+    )
+
+
+def _select(b: Batch, idx: torch.Tensor) -> Batch:
+    return Batch(
+        tokens=b.tokens[idx], attention_mask=b.attention_mask[idx], start=b.start,
+        response_mask=b.response_mask[idx], behav_logp=b.behav_logp[idx], scores=b.scores[idx],
+        correct=b.correct[idx], lengths=b.lengths[idx], truncated=b.truncated[idx],
+    )
+
+
+class Critic(torch.nn.Module):
+    """PPO critic: a decoder trunk (initialised from the warm start) with a scalar head, as verl's."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.trunk = Transformer(cfg)
+        self.head = torch.nn.Linear(cfg.d_model, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, tokens, attention_mask, start: int) -> torch.Tensor:
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # [N, P + R]
+        h = self.trunk.hidden(tokens, positions=positions, attention_mask=attention_mask)  # [N, P + R, D]
+        v = self.head(h).squeeze(-1).float()  # [N, P + R]
+        # V of the state each response token was generated from (verl: values[:, -R-1:-1]).
+        return v[:, start - 1 : -1]  # [N, R]
+
+
+def quantized_weight_names(model: Transformer) -> list[str]:
+    """Weights the rollout engine quantizes: every block linear (not embeddings, norms, lm_head)."""
+    return [
+        f"{name}.weight"
+        for name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.Linear) and name.startswith("layers.")
+    ]
+
+
+class EmbeddedRun:
+    """A resumable embedded run living in ``run_dir``."""
+
+    def __init__(self, cfg: DictConfig, run_dir: str, *, progress: bool = True):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.progress = progress
+        os.makedirs(run_dir, exist_ok=True)
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+
+        self.tokenizer = CharTokenizer()
+        self.task = make_task(cfg.task.name, cfg.task.difficulty)
+        self.train_pool = make_split(self.task, TRAIN_POOL, cfg.seed, "train")
+        self.eval_set = make_split(self.task, cfg.task.n_eval, EVAL_SEED, "eval")
+        preset = dict(PRESETS[cfg.model.preset])
+        preset["vocab_size"] = self.tokenizer.vocab_size
+        self.model_cfg = ModelConfig(**preset)
+        prompt_max = max(len(self.tokenizer.encode(e.prompt)) for e in self.train_pool[:2000] + self.eval_set)
+        need = prompt_max + cfg.rollout.max_new_tokens
+        if need > self.model_cfg.max_seq_len:
+            raise ValueError(
+                f"model.preset={cfg.model.preset} has max_seq_len {self.model_cfg.max_seq_len} < longest prompt "
+                f"({prompt_max}) + rollout.max_new_tokens ({cfg.rollout.max_new_tokens})"
+            )
+        self.scheme = QuantScheme(
+            precision=cfg.quant.precision, fp8_granularity=cfg.quant.fp8_granularity,
+            block_size=cfg.quant.block_size, group_size=cfg.quant.group_size, symmetric=cfg.quant.symmetric,
+        )
+
+    # ---------------------------------------------------------------- set-up
+    def _build(self) -> None:
+        cfg = self.cfg
+        state, self.warm_info = load_or_train(
+            self.model_cfg, self.task, cfg.task.name, cfg.task.difficulty, self.tokenizer,
+            steps=cfg.warm_start.steps, batch_size=cfg.warm_start.batch_size, lr=cfg.warm_start.lr,
+            seed=cfg.warm_start.seed, bf16_autocast=cfg.train.bf16_autocast, cache_dir=cfg.warm_start.cache_dir,
+            progress=self.progress,
+        )
+        torch.manual_seed(cfg.seed)
+        self.actor = Transformer(self.model_cfg)
+        self.actor.load_state_dict(state)
+        # UAQ: one-time invariant rescaling before RL (QuRL §4.2); exact in real arithmetic.
+        if cfg.uaq.s != 1.0:
+            apply_uaq(self.actor, cfg.uaq.s, "embedded")
+        self.qnames = quantized_weight_names(self.actor)
+        betas = tuple(cfg.train.betas)
+        self.opt = torch.optim.AdamW(self.actor.parameters(), lr=cfg.train.lr, betas=betas,
+                                     weight_decay=cfg.train.weight_decay)
+        self.ref = None
+        if cfg.algo.kl_coef > 0:
+            self.ref = Transformer(self.model_cfg)
+            self.ref.load_state_dict(self.actor.state_dict())
+            self.ref.requires_grad_(False)
+        self.critic = self.critic_opt = None
+        if cfg.algo.name == "ppo":
+            self.critic = Critic(self.model_cfg)
+            self.critic.trunk.load_state_dict(state)
+            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.algo.critic_lr, betas=betas)
+        self.engine = RolloutEngine(self.actor, self.scheme)
+        self.eval_engine = RolloutEngine(self.actor, QuantScheme(precision="fp32"))
+        self.sample_gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 1)
+        self.shuffle_gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 2)
+        self.step = 0
+        self.baseline_acc = None
+
+    def _state(self) -> dict:
+        return {
+            "step": self.step,
+            "actor": self.actor.state_dict(),
+            "opt": self.opt.state_dict(),
+            "critic": self.critic.state_dict() if self.critic else None,
+            "critic_opt": self.critic_opt.state_dict() if self.critic_opt else None,
+            "sample_gen": self.sample_gen.get_state(),
+            "shuffle_gen": self.shuffle_gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "baseline_acc": self.baseline_acc,
+        }
+
+    def _restore(self, state: dict) -> None:
+        self.step = state["step"]
+        self.actor.load_state_dict(state["actor"])
+        self.opt.load_state_dict(state["opt"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_opt.load_state_dict(state["critic_opt"])
+        self.sample_gen.set_state(state["sample_gen"])
+        self.shuffle_gen.set_state(state["shuffle_gen"])
+        torch.set_rng_state(state["torch_rng"])
+        self.baseline_acc = state["baseline_acc"]
+
+    # ---------------------------------------------------------------- pieces
+    def _logprobs(self, model: Transformer, b: Batch, *, with_entropy: bool = False, aligned: bool = False):
+        """log pi(token) under the trainer's forward (bf16 autocast like verl's FSDP mixed precision;
+        with QaRL's aligned forward the block weights are fake-quantized with an STE)."""
+        temperature = self.cfg.rollout.temperature
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.train.bf16_autocast):
+            if aligned:
+                params = dict(model.named_parameters())
+                for name in self.qnames:
+                    params[name] = fake_quant(params[name], self.scheme, ste=True)
+
+                class _Functional(torch.nn.Module):  # response_logprobs calls model(...)
+                    def forward(_self, *args, **kwargs):
+                        return torch.func.functional_call(model, params, args, kwargs)
+
+                    def hidden(_self, *args, **kwargs):
+                        return torch.func.functional_call(model, params, args, kwargs)
+
+                fn = _Functional()
+            else:
+                fn = model
+            logp, ent = response_logprobs(fn, b.tokens, b.attention_mask, b.start, temperature, with_entropy=with_entropy)
+        return logp.float(), (ent.float() if ent is not None else None)
+
+    def _generate(self, prompts: list, n_round: int) -> Batch:
+        cfg = self.cfg
+        G = cfg.algo.group_size
+        ids = [self.tokenizer.encode(ex.prompt) for ex in prompts for _ in range(G)]
+        ro = self.engine.generate(
+            ids, max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p, stop_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
+            generator=self.sample_gen,
+        )
+        resp = ro.tokens[:, ro.response_start :]  # [N, R]
+        correct = []
+        for i, ex in enumerate(ex for ex in prompts for _ in range(G)):
+            text = self.tokenizer.decode(resp[i][ro.response_mask[i]].tolist())
+            correct.append(1.0 if self.task.verify(text, ex) else 0.0)
+        correct_t = torch.tensor(correct)
+        lengths = ro.response_len.long()
+        ended = ro.response_mask.any(-1) & (resp.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1) == self.tokenizer.eos_id)
+        scores = correct_t.clone()
+        if cfg.algo.overlong_buffer > 0:
+            scores = scores + adv_fns.overlong_penalty(
+                lengths.float(), max_len=cfg.rollout.max_new_tokens, cache_len=cfg.algo.overlong_buffer,
+                penalty_factor=cfg.algo.overlong_penalty,
+            )
+        return Batch(
+            tokens=ro.tokens, attention_mask=ro.attention_mask, start=ro.response_start,
+            response_mask=ro.response_mask.float(), behav_logp=ro.behav_logp.float(), scores=scores,
+            correct=correct_t, lengths=lengths, truncated=~ended,
+        )
+
+    def _rollout(self, metrics: dict) -> Batch:
+        """Sample this step's groups; DAPO dynamic sampling fills the batch with informative groups."""
+        cfg = self.cfg
+        P, G = cfg.rollout.prompts_per_step, cfg.algo.group_size
+        kept: list[Batch] = []
+        n_kept, n_rounds, n_gen_groups, all_acc = 0, 0, 0, []
+        while True:
+            rng = random.Random(f"{cfg.seed}-{self.step}-{n_rounds}")
+            b = self._generate(rng.sample(self.train_pool, P), n_rounds)
+            n_rounds += 1
+            n_gen_groups += P
+            all_acc.append(b.correct)
+            if not cfg.algo.dynamic_sampling:
+                kept.append(b)
+                n_kept = P
+                break
+            keep = adv_fns.dapo_group_filter(b.correct.view(P, G))  # [P] bool
+            idx = torch.nonzero(keep.repeat_interleave(G)).squeeze(-1)  # [N_kept]
+            if idx.numel():
+                kept.append(_select(b, idx))
+                n_kept += int(keep.sum())
+            if n_kept >= P or n_rounds > cfg.algo.max_resample_rounds:
+                break
+        metrics["train/num_gen_batches"] = float(n_rounds)  # verl name for DAPO generation rounds
+        metrics["train/acc"] = torch.cat(all_acc).mean().item()  # over every generated response
+        if not kept:  # every group was all-correct or all-wrong: nothing to learn from this step
+            return None
+        batch = _concat(kept, self.tokenizer.pad_id)
+        if cfg.algo.dynamic_sampling and n_kept > P:
+            batch = _select(batch, torch.arange(P * G))
+        metrics["train/kept_groups"] = float(min(n_kept, P))
+        return batch
+
+    def _advantages(self, b: Batch, metrics: dict):
+        cfg = self.cfg
+        mask = b.response_mask
+        if cfg.algo.name == "ppo":
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.bf16_autocast):
+                values = self.critic(b.tokens, b.attention_mask, b.start).float()  # [N, R]
+            rewards = torch.zeros_like(mask)  # [N, R]: outcome reward on the last response token
+            last = (b.lengths - 1).clamp(min=0)
+            rewards[torch.arange(len(last)), last] = b.scores
+            advantages, returns = adv_fns.gae(rewards, values * mask, mask, cfg.algo.gamma, cfg.algo.lam)
+            metrics["critic/values/mean"] = masked_mean(values, mask).item()
+            return advantages, returns, values
+        G = cfg.algo.group_size
+        seq_adv = adv_fns.grpo_advantages(b.scores.view(-1, G), norm_by_std=cfg.algo.norm_adv_by_std).reshape(-1)  # [N]
+        return seq_adv[:, None] * mask, None, None  # [N, R]
+
+    def _update(self, b: Batch, advantages, returns, old_values, prox_logp, ref_logp, metrics: dict) -> None:
+        cfg = self.cfg
+        N = b.tokens.shape[0]
+        mb = max(1, N // cfg.train.minibatches)
+        mode = cfg.correction.mode
+        # naive uses the quantized log-probs as if on-policy (QuRL baseline): its anchor is pi_behav.
+        anchor = b.behav_logp if mode == "naive" else prox_logp
+        acc: dict[str, list[float]] = {}
+        for _ in range(cfg.train.epochs):
+            perm = torch.randperm(N, generator=self.shuffle_gen)
+            for i in range(0, N, mb):
+                idx = perm[i : i + mb]
+                sub = _select(b, idx)
+                mask = sub.response_mask
+                logp, ent = self._logprobs(self.actor, sub, with_entropy=True, aligned=cfg.correction.aligned_forward)
+                loss, stats = policy_loss(
+                    logp, prox_logp[idx], b.behav_logp[idx], advantages[idx], mask, mode=mode,
+                    clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high, tis_cap=cfg.correction.tis_cap,
+                    dual_clip=cfg.algo.dual_clip, agg=cfg.algo.agg,
+                    tbpo_delta_pos=cfg.correction.tbpo_delta_pos, tbpo_delta_neg_low=cfg.correction.tbpo_delta_neg_low,
+                    tbpo_delta_neg_high=cfg.correction.tbpo_delta_neg_high, tbpo_seq_cap=cfg.correction.tbpo_seq_cap,
+                )
+                total = loss
+                if self.ref is not None:
+                    kl = adv_fns.kl_penalty(logp, ref_logp[idx], cfg.algo.kl_estimator)  # [mb, R]
+                    kl_loss = masked_mean(kl, mask)
+                    total = total + cfg.algo.kl_coef * kl_loss
+                    acc.setdefault("actor/kl_loss", []).append(kl_loss.item())
+                self.opt.zero_grad(set_to_none=True)
+                total.backward()
+                gn = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.train.grad_clip)
+                self.opt.step()
+                acc.setdefault("actor/pg_loss", []).append(loss.item())
+                acc.setdefault("actor/grad_norm", []).append(gn.item())
+                acc.setdefault("actor/entropy", []).append(masked_mean(ent, mask).item())
+                acc.setdefault("actor/ppo_kl", []).append(masked_mean(anchor[idx] - logp.detach(), mask).item())
+                for k, v in stats.items():
+                    acc.setdefault(k, []).append(float(v))
+                if self.critic is not None:
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.bf16_autocast):
+                        v = self.critic(sub.tokens, sub.attention_mask, sub.start).float()
+                    vloss, vstats = value_loss(v, old_values[idx], returns[idx], mask, clip=cfg.algo.value_clip)
+                    self.critic_opt.zero_grad(set_to_none=True)
+                    vloss.backward()
+                    torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.train.grad_clip)
+                    self.critic_opt.step()
+                    acc.setdefault("critic/vf_loss", []).append(vloss.item())
+                    for k, val in vstats.items():
+                        acc.setdefault(k, []).append(float(val))
+        for k, vals in acc.items():
+            metrics[k] = sum(vals) / len(vals)
+        metrics["actor/lr"] = cfg.train.lr
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Held-out accuracy of the full-precision actor (greedy by default)."""
+        cfg = self.cfg
+        self.eval_engine.sync(self.actor)
+        correct = 0
+        gen = torch.Generator().manual_seed(EVAL_SEED)
+        for i in range(0, len(self.eval_set), EVAL_BATCH):
+            chunk = self.eval_set[i : i + EVAL_BATCH]
+            ro = self.eval_engine.generate(
+                [self.tokenizer.encode(e.prompt) for e in chunk], max_new_tokens=cfg.rollout.max_new_tokens,
+                temperature=cfg.rollout.eval_temperature, top_p=1.0, stop_id=self.tokenizer.eos_id,
+                pad_id=self.tokenizer.pad_id, generator=gen,
+            )
+            resp = ro.tokens[:, ro.response_start :]
+            for j, ex in enumerate(chunk):
+                correct += self.task.verify(self.tokenizer.decode(resp[j][ro.response_mask[j]].tolist()), ex)
+        return correct / len(self.eval_set)
+
+    def train_step(self) -> dict:
+        """One RL step; returns its metrics."""
+        cfg = self.cfg
+        m: dict[str, float] = {}
+        t_step = time.perf_counter()
+        m["timing_s/update_weights"] = self.engine.sync(self.actor)
+
+        t = time.perf_counter()
+        b = self._rollout(m)
+        m["timing_s/gen"] = time.perf_counter() - t
+        if b is None:
+            m["timing_s/step"] = time.perf_counter() - t_step
+            return m
+        mask = b.response_mask
+        n_gen_tokens = mask.sum().item()
+        m["perf/gen_tokens_per_s"] = n_gen_tokens / max(m["timing_s/gen"], 1e-9)
+        m["critic/score/mean"] = b.scores.mean().item()
+        m["critic/score/max"] = b.scores.max().item()
+        m["critic/score/min"] = b.scores.min().item()
+        m["response_length/mean"] = b.lengths.float().mean().item()
+        m["response_length/max"] = b.lengths.float().max().item()
+        m["response_length/clip_ratio"] = b.truncated.float().mean().item()
+
+        t = time.perf_counter()
+        with torch.no_grad():
+            prox_logp, _ = self._logprobs(self.actor, b, aligned=cfg.correction.aligned_forward)  # [N, R]
+        m["timing_s/old_log_prob"] = time.perf_counter() - t
+        m.update(rollout_corr_metrics(prox_logp, b.behav_logp, mask))
+        ref_logp = None
+        if self.ref is not None:
+            t = time.perf_counter()
+            with torch.no_grad():
+                ref_logp, _ = self._logprobs(self.ref, b)
+            m["timing_s/ref"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        advantages, returns, values = self._advantages(b, m)
+        m["critic/advantages/mean"] = masked_mean(advantages, mask).item()
+        m["timing_s/adv"] = time.perf_counter() - t
+
+        before = {n: p.detach().clone() for n, p in self.actor.named_parameters() if n in self.qnames}
+        t = time.perf_counter()
+        self._update(b, advantages, returns, values, prox_logp, ref_logp, m)
+        m["timing_s/update_actor"] = time.perf_counter() - t
+        after = {n: p.detach() for n, p in self.actor.named_parameters() if n in self.qnames}
+        m.update(model_update_visibility(before, after, self.scheme))
+
+        m["timing_s/train"] = m["timing_s/old_log_prob"] + m.get("timing_s/ref", 0.0) + m["timing_s/adv"] + m["timing_s/update_actor"]
+        m["timing_s/step"] = time.perf_counter() - t_step
+        # verl: perf/throughput = all tokens (prompt + response) processed per second of step time.
+        m["perf/throughput"] = b.attention_mask.sum().item() / m["timing_s/step"]
+        m["perf/total_num_tokens"] = b.attention_mask.sum().item()
+        return m
+
+    # ---------------------------------------------------------------- driver
+    def run(self) -> dict:
+        cfg = self.cfg
+        summary_path = os.path.join(self.run_dir, "summary.json")
+        if os.path.exists(summary_path):
+            with open(summary_path) as fh:
+                summary = json.load(fh)
+            summary["already_finished"] = True
+            return summary
+        self._build()
+        resumed = ckpt.load_latest_checkpoint(self.run_dir)
+        jsonl = JsonlLogger(self.run_dir)
+        if resumed is not None:
+            self._restore(resumed[1])
+        jsonl.truncate_after(self.step)  # steps after the checkpoint are recomputed, never duplicated
+        mlflow_logger = MlflowLogger.for_run_dir(
+            self.run_dir, cfg.tracking.tracking_uri, cfg.tracking.experiment,
+            cfg.tracking.run_name or os.path.basename(self.run_dir), tags={**axes(cfg), "run_id": run_id(cfg)},
+        )
+        logger = MultiLogger([jsonl, mlflow_logger])
+        if self.step == 0:
+            logger.log_params(OmegaConf.to_container(cfg, resolve=True))
+            cfg_path = os.path.join(self.run_dir, "config.yaml")
+            OmegaConf.save(cfg, cfg_path, resolve=True)
+            logger.log_artifact(cfg_path)
+            t = time.perf_counter()
+            self.baseline_acc = self.evaluate()
+            logger.log_metrics(
+                {f"val-core/{cfg.task.name}/acc/mean@1": self.baseline_acc, "timing_s/testing": time.perf_counter() - t,
+                 **{f"warm_start/{k}": float(v) for k, v in self.warm_info.items() if isinstance(v, (int, float))}},
+                step=0,
+            )
+        start_wall = time.perf_counter()
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=os.path.basename(self.run_dir), disable=not self.progress,
+                   mininterval=1.0, dynamic_ncols=True)
+        last_acc = self.baseline_acc
+        try:
+            while self.step < cfg.steps:
+                self.step += 1
+                m = self.train_step()
+                if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                    t = time.perf_counter()
+                    last_acc = self.evaluate()
+                    m[f"val-core/{cfg.task.name}/acc/mean@1"] = last_acc
+                    m["timing_s/testing"] = time.perf_counter() - t
+                logger.log_metrics(m, step=self.step)
+                bar.update(1)
+                bar.set_postfix(acc=f"{m.get('train/acc', float('nan')):.2f}", val=f"{last_acc:.2f}",
+                                kl=f"{m.get('rollout_corr/kl', float('nan')):.1e}", refresh=False)
+                if cfg.tracking.console_every and self.step % cfg.tracking.console_every == 0 and not self.progress:
+                    print(f"step {self.step}/{cfg.steps} train/acc={m.get('train/acc', float('nan')):.3f} "
+                          f"val={last_acc:.3f} rollout_corr/kl={m.get('rollout_corr/kl', float('nan')):.2e}", flush=True)
+                if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps:
+                    ckpt.save_checkpoint(self.run_dir, self.step, self._state())
+                    logger.flush()  # commit: MLflow receives exactly the checkpointed steps
+        finally:
+            bar.close()
+        summary = {
+            "run_id": run_id(cfg),
+            "run_dir": self.run_dir,
+            "steps": cfg.steps,
+            "baseline_acc": self.baseline_acc,
+            "final_acc": last_acc,
+            "delta_acc": last_acc - self.baseline_acc,
+            "wall_s_this_session": time.perf_counter() - start_wall,
+            "mlflow_run_id": mlflow_logger.run_id,
+            "tracking_uri": cfg.tracking.tracking_uri,
+        }
+        logger.log_artifact(os.path.join(self.run_dir, "metrics.jsonl"))
+        logger.close("FINISHED")
+        tmp = summary_path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(summary, fh, indent=2)
+        os.replace(tmp, summary_path)
+        return summary
