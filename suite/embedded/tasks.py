@@ -1,0 +1,499 @@
+"""Verifiable synthetic tasks of the embedded backend: multi-step arithmetic and word problems.
+
+Why: the papers train on GSM8K / AIME, where reward is an exact-answer check on a reasoning
+trace. At CPU scale we need the same structure (a prompt, a multi-step trace, a final answer a
+program can check) with a prompt space a ~3M-parameter model can learn in minutes, generated
+from a seed so no data is downloaded and every run can rebuild its splits exactly.
+
+Trace format (the ``response`` of an ``Example``): one ``a<op>b=r`` equation per reasoning step,
+in evaluation order, each followed by ``;``, then ``#`` and the final answer::
+
+    prompt   "12+7*3="                               (task "arith")
+    response "7*3=21;12+21=33;#33"
+
+    prompt   "Ann has 5 pens, buys 3, loses 2, doubles them. Pens?"   (task "word")
+    response "5+3=8;8-2=6;6*2=12;#12"
+
+``<op>`` is one of ``+ - * /`` (``/`` is exact division, word problems only). Every value in a
+trace is a non-negative integer <= ``MAX_VALUE``. In training sequences the tokenizer's
+``<eos>`` follows the response: the trainer and warm start append it, the rollout engine stops
+on it; ``Example.response`` itself never contains it.
+
+Reward: ``Task.verify`` reads the text after the LAST ``#`` (up to ``<eos>``), strips
+whitespace, and compares it as an integer to the answer; anything else (no ``#``, empty,
+trailing junk such as ``#33.`` or ``#33x``) is simply wrong. Intermediate steps are not
+checked, as in GSM8K-style outcome rewards (QuRL/QaRL use exact-answer rewards).
+
+Difficulty: ``ARITH_LEVELS`` / ``WORD_LEVELS`` below hold every knob (steps, number range,
+parentheses, length budgets) in one place. The default RL run samples at most 32 new tokens, so
+at the default difficulty (2 for both tasks) every response fits 28 characters and
+``Task.max_response_tokens`` (response + ``<eos>``) is 29.
+
+Splits: a prompt belongs to "train" or "eval" by a keyed SHA-256 of its text (never Python's
+salted ``hash``), so held-out prompts are never trained on, whatever ``n`` or seed. An eval set
+is ``n`` distinct prompts (an error if the split has fewer); a train pool is ``n`` independent
+draws, so it may repeat prompts when the space is small (see ``make_split``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+
+from suite.embedded.tokenizer import EOS, PAD
+
+TASK_NAMES: tuple[str, ...] = ("arith", "word")
+SPLITS: tuple[str, ...] = ("train", "eval")
+DEFAULT_DIFFICULTY: dict[str, int] = {"arith": 2, "word": 2}
+
+MAX_VALUE = 999  # bound on every operand, intermediate result and answer (at most 3 digits)
+ANSWER_MARKER = "#"  # the final answer follows the last marker of a response
+STEP_SEP = ";"  # ends every step equation of a trace
+EVAL_FRACTION = 0.2  # share of the prompt space held out for evaluation (by prompt hash)
+_MAX_SAMPLE_TRIES = 10_000  # rejection-sampling attempts before declaring a level impossible
+
+Step = tuple[int, str, int, int]  # (a, op, b, result) of one equation "a<op>b=result"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One task instance: ``prompt`` is the model input, ``response`` the target trace
+    (intermediate equations, then ``#answer``; no ``<eos>``), ``answer`` the integer answer as
+    a decimal string."""
+
+    prompt: str
+    response: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class Level:
+    """The knobs of one difficulty level of one task."""
+
+    n_steps: int  # reasoning steps = equations in the trace (arith: operations)
+    lo: int  # smallest number drawn for the prompt
+    hi: int  # largest number drawn for the prompt
+    paren_prob: float  # arith only: probability of one parenthesised sub-expression
+    max_prompt_chars: int  # longest prompt allowed (chars = tokens); longer draws are rejected
+    max_response_chars: int  # longest trace allowed, answer included, <eos> excluded
+
+
+# Arithmetic: difficulty d has d+1 operands (d operations). Default 2: "12+7*3=".
+ARITH_LEVELS: dict[int, Level] = {
+    1: Level(n_steps=1, lo=0, hi=12, paren_prob=0.0, max_prompt_chars=8, max_response_chars=16),
+    2: Level(n_steps=2, lo=0, hi=12, paren_prob=0.0, max_prompt_chars=12, max_response_chars=28),
+    3: Level(n_steps=3, lo=0, hi=20, paren_prob=0.5, max_prompt_chars=20, max_response_chars=48),
+    4: Level(n_steps=4, lo=0, hi=30, paren_prob=0.5, max_prompt_chars=28, max_response_chars=64),
+}
+
+# Word problems: difficulty d has d+1 reasoning steps (2-4, as GSM8K's short problems).
+WORD_LEVELS: dict[int, Level] = {
+    1: Level(n_steps=2, lo=2, hi=9, paren_prob=0.0, max_prompt_chars=72, max_response_chars=24),
+    2: Level(n_steps=3, lo=2, hi=9, paren_prob=0.0, max_prompt_chars=80, max_response_chars=28),
+    3: Level(n_steps=4, lo=2, hi=20, paren_prob=0.0, max_prompt_chars=112, max_response_chars=48),
+}
+
+_LEVELS: dict[str, dict[int, Level]] = {"arith": ARITH_LEVELS, "word": WORD_LEVELS}
+
+
+class _Reject(Exception):
+    """A draw broke a constraint (negative, too large, inexact division, too long): redraw."""
+
+
+def _apply(a: int, op: str, b: int) -> Step:
+    """One checked equation; raises ``_Reject`` unless the result is an integer in range."""
+    if op == "+":
+        r = a + b
+    elif op == "-":
+        r = a - b
+    elif op == "*":
+        r = a * b
+    elif op == "/":
+        if b == 0 or a % b:
+            raise _Reject
+        r = a // b
+    else:
+        raise ValueError(f"unknown operator {op!r}")
+    if not 0 <= r <= MAX_VALUE:
+        raise _Reject
+    return (a, op, b, r)
+
+
+def format_trace(steps: list[Step]) -> str:
+    """``[(7,'*',3,21), (12,'+',21,33)]`` -> ``"7*3=21;12+21=33;#33"``."""
+    eqs = "".join(f"{a}{op}{b}={r}{STEP_SEP}" for a, op, b, r in steps)
+    return f"{eqs}{ANSWER_MARKER}{steps[-1][3]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# arith: expressions over + - * with precedence (and parentheses from difficulty 3)
+# ---------------------------------------------------------------------------------------------
+
+
+def _arith_problem(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
+    n = lvl.n_steps + 1
+    toks: list[str] = [str(rng.randint(lvl.lo, lvl.hi))]
+    for _ in range(n - 1):
+        toks += [rng.choice("+-*"), str(rng.randint(lvl.lo, lvl.hi))]
+    if n >= 3 and rng.random() < lvl.paren_prob:
+        # wrap operands i..j (2 <= j-i+1 < n) in parentheses; operand k sits at toks[2k]
+        i = rng.randrange(n - 1)
+        j = rng.randint(i + 1, n - 1 if i > 0 else n - 2)
+        toks.insert(2 * j + 1, ")")
+        toks.insert(2 * i, "(")
+    steps = _evaluate(toks)
+    return "".join(toks) + "=", steps
+
+
+def _evaluate(toks: list[str]) -> list[Step]:
+    """Recursive-descent evaluation of an infix token list, recording one step per operation
+    in evaluation order (parentheses first, then ``*``, then ``+``/``-``, left to right)."""
+    steps: list[Step] = []
+    pos = 0
+
+    def atom() -> int:
+        nonlocal pos
+        tok = toks[pos]
+        pos += 1
+        if tok == "(":
+            v = expr()
+            assert toks[pos] == ")"
+            pos += 1
+            return v
+        return int(tok)
+
+    def term() -> int:
+        nonlocal pos
+        v = atom()
+        while pos < len(toks) and toks[pos] == "*":
+            pos += 1
+            steps.append(_apply(v, "*", atom()))
+            v = steps[-1][3]
+        return v
+
+    def expr() -> int:
+        nonlocal pos
+        v = term()
+        while pos < len(toks) and toks[pos] in "+-":
+            op = toks[pos]
+            pos += 1
+            steps.append(_apply(v, op, term()))
+            v = steps[-1][3]
+        return v
+
+    expr()
+    assert pos == len(toks)
+    return steps
+
+
+# ---------------------------------------------------------------------------------------------
+# word: GSM8K-style templates, terse so that difficulty 2 fits 80 prompt / 28 response chars
+# ---------------------------------------------------------------------------------------------
+
+NAMES: tuple[str, ...] = (
+    "Ann", "Bo", "Cy", "Di", "Ed", "Fay", "Gus", "Hal", "Ivy", "Jo",
+    "Kim", "Lu", "Max", "Ned", "Pam", "Raj", "Sam", "Tom", "Uma", "Val",
+)  # fmt: skip
+ITEMS: tuple[str, ...] = (
+    "pens", "eggs", "cards", "books", "cups", "nuts", "beads", "coins", "shells", "apples",
+)  # fmt: skip
+
+
+def _inventory(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
+    """"Ann has 5 pens, buys 3, loses 2, doubles them. Pens?" -> a chain of k moves."""
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    v = start = rng.randint(lvl.lo, lvl.hi)
+    steps, moves = [], []
+    for _ in range(lvl.n_steps):
+        verb = rng.choice(("buys", "gets", "finds", "loses", "sells", "doubles", "triples"))
+        if verb in ("doubles", "triples"):
+            op, b, text = "*", 2 if verb == "doubles" else 3, f"{verb} them"
+        else:
+            b = rng.randint(lvl.lo, lvl.hi)
+            op, text = ("-" if verb in ("loses", "sells") else "+"), f"{verb} {b}"
+        steps.append(_apply(v, op, b))
+        v = steps[-1][3]
+        moves.append(text)
+    return f"{name} has {start} {item}, {', '.join(moves)}. {item.capitalize()}?", steps
+
+
+def _shopping(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
+    """Buying at a unit price, paying with a round sum: "... pays 20. Change?"."""
+    num = lambda: rng.randint(lvl.lo, lvl.hi)  # noqa: E731
+    name, item, item2 = rng.choice(NAMES), *rng.sample(ITEMS, 2)
+    a, p = num(), num()
+    steps = [_apply(a, "*", p)]
+    if lvl.n_steps == 2:
+        what = f"{a} {item} at {p} each"
+    elif lvl.n_steps == 3:
+        q = num()
+        steps.append(_apply(steps[-1][3], "+", q))
+        what = f"{a} {item} at {p} each and a bag at {q}"
+    else:
+        b, q = num(), num()
+        steps.append(_apply(b, "*", q))
+        steps.append(_apply(steps[0][3], "+", steps[1][3]))
+        what = f"{a} {item} at {p} each and {b} {item2} at {q} each"
+    cost = steps[-1][3]
+    paid = (cost // 10 + 1) * 10 + 10 * rng.randint(0, 1)  # a round sum above the cost
+    steps.append(_apply(paid, "-", cost))
+    return f"{name} buys {what}, pays {paid}. Change?", steps
+
+
+def _sharing(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
+    """Sharing equally, exact division only: "... shares them equally among 3. Each?"."""
+    num = lambda: rng.randint(lvl.lo, lvl.hi)  # noqa: E731
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    a, b = num(), num()
+    steps = [_apply(a, "*", b)]
+    if lvl.n_steps == 2:
+        have, rest = f"{a} bags of {b} {item}", "them"
+    elif lvl.n_steps == 3:
+        c = num()
+        steps.append(_apply(steps[-1][3], "-", c))
+        have, rest = f"{a} bags of {b} {item}, keeps {c}", "the rest"
+    else:
+        c, e = num(), num()
+        steps.append(_apply(steps[-1][3], "+", c))
+        steps.append(_apply(steps[-1][3], "-", e))
+        have, rest = f"{a} bags of {b} {item} and {c} more, keeps {e}", "the rest"
+    total = steps[-1][3]
+    divisors = [d for d in range(2, 10) if total % d == 0 and total > 0]
+    if not divisors:
+        raise _Reject
+    d = rng.choice(divisors)
+    steps.append(_apply(total, "/", d))
+    return f"{name} has {have}, shares {rest} equally among {d}. Each?", steps
+
+
+def _groups(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
+    """Groups of items plus loose ones: "Di has 3 boxes of 5 eggs and 4 more. Eggs?"."""
+    num = lambda: rng.randint(lvl.lo, lvl.hi)  # noqa: E731
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    a, b = num(), num()
+    steps = [_apply(a, "*", b)]
+    if lvl.n_steps == 4:
+        c, d, e = num(), num(), num()
+        steps.append(_apply(c, "*", d))
+        steps.append(_apply(steps[0][3], "+", steps[1][3]))
+        steps.append(_apply(steps[-1][3], "-", e))
+        have = f"{a} boxes of {b} {item} and {c} bags of {d}, loses {e}"
+    else:
+        c = num()
+        steps.append(_apply(steps[-1][3], "+", c))
+        have = f"{a} boxes of {b} {item} and {c} more"
+        if lvl.n_steps == 3:
+            e = num()
+            steps.append(_apply(steps[-1][3], "-", e))
+            have += f", loses {e}"
+    return f"{name} has {have}. {item.capitalize()}?", steps
+
+
+def _age(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
+    """Ages relative to one another, then a shift in time: "... Gus in 4 years?"."""
+    people = rng.sample(NAMES, lvl.n_steps)
+    v = rng.randint(lvl.lo, lvl.hi)
+    text, steps = [f"{people[0]} is {v}."], []
+    for prev, who in zip(people, people[1:]):  # n_steps - 1 relations
+        rel = rng.choice(("older", "younger", "twice"))
+        if rel == "twice":
+            steps.append(_apply(v, "*", 2))
+            text.append(f"{who} is twice {prev}'s age.")
+        else:
+            b = rng.randint(lvl.lo, lvl.hi)
+            steps.append(_apply(v, "+" if rel == "older" else "-", b))
+            text.append(f"{who} is {b} {rel} than {prev}.")
+        v = steps[-1][3]
+    b = rng.randint(lvl.lo, lvl.hi)
+    if rng.random() < 0.5:
+        steps.append(_apply(v, "+", b))
+        text.append(f"{people[-1]} in {b} years?")
+    else:
+        steps.append(_apply(v, "-", b))
+        text.append(f"{people[-1]} {b} years ago?")
+    return " ".join(text), steps
+
+
+def _savings(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
+    """Saving at a weekly rate, then spending: "Jo saves 4 a week for 3 weeks, spends 5. Left?"."""
+    num = lambda: rng.randint(lvl.lo, lvl.hi)  # noqa: E731
+    name = rng.choice(NAMES)
+    a, b, c = num(), num(), num()
+    steps = [_apply(a, "*", b)]
+    head = f"{name} saves {a} a week for {b} weeks"
+    if lvl.n_steps >= 3:
+        s = num()
+        steps.append(_apply(s, "+", steps[-1][3]))
+        head = f"{name} has {s}, saves {a} a week for {b} weeks"
+    steps.append(_apply(steps[-1][3], "-", c))
+    tail = f"spends {c}"
+    if lvl.n_steps == 4:
+        steps.append(_apply(steps[-1][3], "/", 2))
+        tail += ", gives half away"
+    return f"{head}, {tail}. Left?", steps
+
+
+WORD_TEMPLATES = (_inventory, _shopping, _sharing, _groups, _age, _savings)
+
+
+_TEMPLATES = {"arith": (_arith_problem,), "word": WORD_TEMPLATES}
+
+
+# ---------------------------------------------------------------------------------------------
+# Task, verification, splits
+# ---------------------------------------------------------------------------------------------
+
+_ANSWER_RE = re.compile(r"-?[0-9]{1,12}")  # ASCII digits only (str.isdigit admits "²")
+
+
+def extract_answer(response_text: str) -> int | None:
+    """The integer after the last ``#`` of ``response_text`` (text from the first ``<eos>`` or
+    ``<pad>`` on is ignored), or ``None`` when there is none or it is followed by junk."""
+    if not isinstance(response_text, str):
+        return None
+    for stop in (EOS, PAD):
+        response_text = response_text.split(stop, 1)[0]
+    _, marker, tail = response_text.rpartition(ANSWER_MARKER)
+    if not marker:
+        return None
+    tail = tail.strip()
+    if not _ANSWER_RE.fullmatch(tail):
+        return None
+    return int(tail)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A verifiable task at one difficulty: draws examples, checks answers, states its budgets."""
+
+    name: str
+    difficulty: int
+    level: Level
+
+    @property
+    def n_steps(self) -> int:
+        """Equations in every trace of this task at this difficulty."""
+        return self.level.n_steps
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return self.level.max_prompt_chars
+
+    @property
+    def max_response_chars(self) -> int:
+        """Longest response trace (answer included, ``<eos>`` excluded); chars = tokens."""
+        return self.level.max_response_chars
+
+    @property
+    def max_response_tokens(self) -> int:
+        """New tokens a rollout needs to finish any target trace: the trace plus ``<eos>``.
+        A ``max_new_tokens`` below this truncates correct answers."""
+        return self.level.max_response_chars + 1
+
+    def sample(self, rng: random.Random) -> Example:
+        """One example drawn with ``rng`` (rejection sampling enforces the level's bounds)."""
+        # Pick the template first and redraw within it, so rejections (e.g. no exact divisor)
+        # do not shift the mix of templates towards the easy-to-satisfy ones.
+        generate = rng.choice(_TEMPLATES[self.name])
+        for _ in range(_MAX_SAMPLE_TRIES):
+            try:
+                prompt, steps = generate(rng, self.level)
+            except _Reject:
+                continue
+            response = format_trace(steps)
+            if (
+                len(prompt) <= self.level.max_prompt_chars
+                and len(response) <= self.level.max_response_chars
+            ):
+                return Example(prompt=prompt, response=response, answer=str(steps[-1][3]))
+        raise RuntimeError(
+            f"task {self.name!r} difficulty {self.difficulty}: {generate.__name__} gave no valid "
+            f"example in {_MAX_SAMPLE_TRIES} draws; the level's bounds are inconsistent: "
+            f"{self.level}"
+        )
+
+    def verify(self, response_text: str, example: Example) -> bool:
+        """Exact-answer reward: True iff the integer after the last ``#`` equals the answer.
+        Never raises; malformed text is False."""
+        got = extract_answer(response_text)
+        return got is not None and got == int(example.answer)
+
+
+def make_task(name: str, difficulty: int) -> Task:
+    """The task ``name`` ("arith" | "word") at ``difficulty``: one of ``ARITH_LEVELS`` or
+    ``WORD_LEVELS``."""
+    if name not in _LEVELS:
+        raise ValueError(f"unknown task {name!r}; allowed: {', '.join(TASK_NAMES)}")
+    levels = _LEVELS[name]
+    if difficulty not in levels:
+        raise ValueError(
+            f"task {name!r} has no difficulty {difficulty!r}; allowed: {sorted(levels)}"
+        )
+    return Task(name=name, difficulty=difficulty, level=levels[difficulty])
+
+
+def prompt_split(prompt: str) -> str:
+    """"train" or "eval" for ``prompt``: a SHA-256 of the text, stable across processes and
+    machines, so a prompt has one split forever (``EVAL_FRACTION`` of prompts are "eval")."""
+    digest = hashlib.sha256(b"suite.tasks.split:" + prompt.encode("utf-8")).digest()
+    return "eval" if int.from_bytes(digest[:8], "big") < EVAL_FRACTION * 2**64 else "train"
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
+
+
+def sample_split(task: Task, rng: random.Random, split: str) -> Example:
+    """One example of ``split``, drawn with ``rng``: an endless stream of (possibly repeated)
+    examples that never crosses splits, for callers that want more than ``make_split`` gives."""
+    _check_split(split)
+    while True:
+        ex = task.sample(rng)
+        if prompt_split(ex.prompt) == split:
+            return ex
+
+
+def make_split(task: Task, n: int, seed: int, split: str) -> list[Example]:
+    """``n`` examples of ``split`` ("train" | "eval"), deterministic in (task, difficulty, seed,
+    split). Train and eval prompts are disjoint by ``prompt_split`` for every n and seed.
+
+    "eval": ``n`` distinct prompts, so each held-out prompt counts once in an accuracy. When
+    the split has fewer than ``n`` prompts (arith difficulty 1 holds out 75 of its 429), this
+    raises a ValueError saying how many exist.
+    "train": ``n`` independent draws from the train split, i.e. the task's distribution with
+    held-out prompts removed. Repeats are allowed: they are rare in large prompt spaces and
+    unavoidable in small ones (arith difficulty 2 has ~11.5k train prompts), and the pool costs
+    O(n) draws whatever the space.
+    """
+    _check_split(split)
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    # random.Random seeds a str through SHA-512: stable across processes, unlike hash().
+    rng = random.Random(f"suite.tasks:{task.name}:{task.difficulty}:{seed}:{split}")
+    if split == "train":
+        return [sample_split(task, rng, "train") for _ in range(n)]
+    out: list[Example] = []
+    seen: set[str] = set()
+    # Declare the split exhausted after `patience` draws in a row without a new prompt. If the
+    # split holds fewer than n prompts, drawn about uniformly (arith: exactly), each unseen one
+    # has probability > 1/n per draw, so it is missed with probability < (1 - 1/n)^(20n) < e^-20.
+    patience, stale = 500 + 20 * n, 0
+    while len(out) < n:
+        ex = sample_split(task, rng, split)
+        if ex.prompt in seen:
+            stale += 1
+            if stale >= patience:
+                raise ValueError(
+                    f"task {task.name!r} difficulty {task.difficulty}: found only {len(out)} "
+                    f"distinct {split!r} prompts (asked for {n}; no new one in {patience} "
+                    f"draws): the prompt space is too small. Use a smaller n or a higher "
+                    f"difficulty."
+                )
+            continue
+        stale = 0
+        seen.add(ex.prompt)
+        out.append(ex)
+    return out
