@@ -21,6 +21,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from suite.core.losses import TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP
+
 PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
 FP8_GRANULARITIES = ("per_tensor", "per_channel", "block")
 CORRECTIONS = ("naive", "tis", "acr", "tbpo")
@@ -67,10 +69,12 @@ class UAQConfig:
 class CorrectionConfig:
     mode: str = "acr"  # naive | tis (FlashRL) | acr (QuRL) | tbpo (QaRL, sequence level)
     tis_cap: float = 2.0  # C: truncation of the IS weight pi_prox / pi_behav (FlashRL used 2 and 8)
-    tbpo_delta_pos: float = 0.2  # TBPO: positive-advantage sequences clipped above at 1 + delta_pos
-    tbpo_delta_neg_low: float = 0.2  # TBPO: negative-advantage band lower edge 1 - delta_neg_low
-    tbpo_delta_neg_high: float = 0.2  # TBPO: negative-advantage band upper edge 1 + delta_neg_high
-    tbpo_seq_cap: float = 2.0  # TBPO: cap of the sequence-level IS weight w_seq
+    # TBPO bands act on a geometric-mean sequence ratio, which sits near 1: GSPO-sized defaults
+    # (suite.core.losses explains the choice; QaRL does not state its values).
+    tbpo_delta_pos: float = TBPO_DELTA_POS  # TBPO: positive-advantage sequences clipped above at 1 + delta_pos
+    tbpo_delta_neg_low: float = TBPO_DELTA_NEG_LOW  # TBPO: negative-advantage band lower edge 1 - delta_neg_low
+    tbpo_delta_neg_high: float = TBPO_DELTA_NEG_HIGH  # TBPO: negative-advantage band upper edge 1 + delta_neg_high
+    tbpo_seq_cap: float = TBPO_SEQ_CAP  # TBPO: cap of the sequence-level IS weight w_seq
     aligned_forward: bool = False  # QaRL: trainer forward uses the rollout quantizer (fake-quant, STE)
 
 

@@ -277,11 +277,12 @@ class EmbeddedRun:
                 kept.append(b)
                 n_kept = P
                 break
-            keep = adv_fns.dapo_group_filter(b.correct.view(P, G))  # [P] bool
-            idx = torch.nonzero(keep.repeat_interleave(G)).squeeze(-1)  # [N_kept]
+            group_ids = torch.arange(P).repeat_interleave(G)  # [N]
+            keep = adv_fns.dapo_group_filter(b.correct, group_ids)  # [N] bool, whole groups
+            idx = torch.nonzero(keep).squeeze(-1)  # [N_kept]
             if idx.numel():
                 kept.append(_select(b, idx))
-                n_kept += int(keep.sum())
+                n_kept += idx.numel() // G
             if n_kept >= P or n_rounds > cfg.algo.max_resample_rounds:
                 break
         metrics["train/num_gen_batches"] = float(n_rounds)  # verl name for DAPO generation rounds
@@ -303,20 +304,19 @@ class EmbeddedRun:
             rewards = torch.zeros_like(mask)  # [N, R]: outcome reward on the last response token
             last = (b.lengths - 1).clamp(min=0)
             rewards[torch.arange(len(last)), last] = b.scores
-            advantages, returns = adv_fns.gae(rewards, values * mask, mask, cfg.algo.gamma, cfg.algo.lam)
+            advantages, returns = adv_fns.gae_advantages(rewards, values * mask, mask, gamma=cfg.algo.gamma,
+                                                         lam=cfg.algo.lam)
             metrics["critic/values/mean"] = masked_mean(values, mask).item()
             return advantages, returns, values
         G = cfg.algo.group_size
-        seq_adv = adv_fns.grpo_advantages(b.scores.view(-1, G), norm_by_std=cfg.algo.norm_adv_by_std).reshape(-1)  # [N]
-        return seq_adv[:, None] * mask, None, None  # [N, R]
+        group_ids = torch.arange(len(b.scores)) // G  # [N]; groups are contiguous
+        return adv_fns.grpo_advantages(b.scores, group_ids, mask, norm_by_std=cfg.algo.norm_adv_by_std), None, None
 
     def _update(self, b: Batch, advantages, returns, old_values, prox_logp, ref_logp, metrics: dict) -> None:
         cfg = self.cfg
         N = b.tokens.shape[0]
         mb = max(1, N // cfg.train.minibatches)
         mode = cfg.correction.mode
-        # naive uses the quantized log-probs as if on-policy (QuRL baseline): its anchor is pi_behav.
-        anchor = b.behav_logp if mode == "naive" else prox_logp
         acc: dict[str, list[float]] = {}
         for _ in range(cfg.train.epochs):
             perm = torch.randperm(N, generator=self.shuffle_gen)
@@ -334,7 +334,7 @@ class EmbeddedRun:
                 )
                 total = loss
                 if self.ref is not None:
-                    kl = adv_fns.kl_penalty(logp, ref_logp[idx], cfg.algo.kl_estimator)  # [mb, R]
+                    kl = adv_fns.kl_estimate(logp, ref_logp[idx], cfg.algo.kl_estimator)  # [mb, R]
                     kl_loss = masked_mean(kl, mask)
                     total = total + cfg.algo.kl_coef * kl_loss
                     acc.setdefault("actor/kl_loss", []).append(kl_loss.item())
@@ -345,13 +345,13 @@ class EmbeddedRun:
                 acc.setdefault("actor/pg_loss", []).append(loss.item())
                 acc.setdefault("actor/grad_norm", []).append(gn.item())
                 acc.setdefault("actor/entropy", []).append(masked_mean(ent, mask).item())
-                acc.setdefault("actor/ppo_kl", []).append(masked_mean(anchor[idx] - logp.detach(), mask).item())
                 for k, v in stats.items():
                     acc.setdefault(k, []).append(float(v))
                 if self.critic is not None:
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.bf16_autocast):
                         v = self.critic(sub.tokens, sub.attention_mask, sub.start).float()
-                    vloss, vstats = value_loss(v, old_values[idx], returns[idx], mask, clip=cfg.algo.value_clip)
+                    vloss, vstats = value_loss(v, old_values[idx], returns[idx], mask,
+                                               clip_range_value=cfg.algo.value_clip)
                     self.critic_opt.zero_grad(set_to_none=True)
                     vloss.backward()
                     torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.train.grad_clip)

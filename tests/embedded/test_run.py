@@ -1,0 +1,218 @@
+"""End-to-end embedded runs on the tiny preset: metrics, MLflow, resume after kill -9,
+tracking-server outage, and the papers' phenomena at small scale."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from suite.config import compose_config, run_id
+from suite.embedded.trainer import EmbeddedRun
+from suite.tracking.loggers import read_jsonl
+
+# A run that takes seconds: ~1M-parameter model, 2 prompts x 4 samples per step.
+TINY = [
+    "model=tiny",
+    "steps=6",
+    "rollout.prompts_per_step=4",
+    "algo.group_size=4",
+    "task.n_eval=32",
+    "task.difficulty=1",
+    "warm_start.steps=150",
+    "warm_start.batch_size=32",
+    "eval_every=3",
+    "ckpt_every=2",
+    "threads=1",
+]
+
+REQUIRED_EVERY_STEP = [
+    "train/acc",
+    "critic/score/mean",
+    "response_length/mean",
+    "actor/entropy",
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/grad_norm",
+    "rollout_corr/kl",
+    "rollout_corr/k3_kl",
+    "rollout_corr/log_ppl_diff",
+    "rollout_corr/chi2_token",
+    "quant/update_visible_frac",
+    "quant/update_step_ratio",
+    "perf/throughput",
+    "perf/gen_tokens_per_s",
+    "timing_s/gen",
+    "timing_s/update_weights",
+    "timing_s/old_log_prob",
+    "timing_s/update_actor",
+    "timing_s/train",
+    "timing_s/step",
+]
+
+
+def tiny_cfg(tmp_path, *extra, uri=None):
+    return compose_config(
+        TINY
+        + [
+            f"out_dir={tmp_path / 'runs'}",
+            f"warm_start.cache_dir={tmp_path.parent / 'warmstart-cache'}",
+            f"tracking.tracking_uri={uri or 'sqlite:///' + str(tmp_path / 'mlflow.db')}",
+        ]
+        + list(extra)
+    )
+
+
+def run_cfg(cfg):
+    run_dir = os.path.join(cfg.out_dir, run_id(cfg))
+    return run_dir, EmbeddedRun(cfg, run_dir, progress=False).run()
+
+
+def steps_of(run_dir):
+    return [e["step"] for e in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
+
+
+def test_tiny_run_logs_every_metric_to_jsonl_and_mlflow(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    run_dir, summary = run_cfg(cfg)
+    entries = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    assert [e["step"] for e in entries] == list(range(cfg.steps + 1))
+    for e in entries[1:]:
+        missing = [k for k in REQUIRED_EVERY_STEP if k not in e["metrics"]]
+        assert not missing, f"step {e['step']} lacks {missing}"
+    acc_key = "val-core/arith/acc/mean@1"
+    assert [e["step"] for e in entries if acc_key in e["metrics"]] == [0, 3, 6]
+    assert summary["final_acc"] == entries[-1]["metrics"][acc_key]
+
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["precision"] == "int8" and run.data.tags["correction"] == "acr"
+    assert run.data.tags["uaq_s"] == "1.5" and run.data.tags["algo"] == "grpo" and run.data.tags["seed"] == "0"
+    assert run.data.params["quant.precision"] == "int8" and run.data.params["uaq.s"] == "1.5"
+    history = client.get_metric_history(run.info.run_id, "rollout_corr/kl")
+    assert sorted(m.step for m in history) == list(range(1, cfg.steps + 1))
+    by_step = {e["step"]: e["metrics"]["rollout_corr/kl"] for e in entries[1:]}
+    for m in history:
+        assert m.value == pytest.approx(by_step[m.step], rel=1e-6)
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "config.yaml" in artifacts
+
+    # A finished run is not run again.
+    again = EmbeddedRun(cfg, run_dir, progress=False).run()
+    assert again["already_finished"] and steps_of(run_dir) == list(range(cfg.steps + 1))
+
+
+@pytest.mark.parametrize("algo, correction", [("ppo", "tis"), ("dapo", "tbpo"), ("grpo", "naive")])
+def test_other_algorithms_and_corrections_run(tmp_path, algo, correction):
+    extra = [f"algo={algo}", f"correction={correction}", "steps=2", "eval_every=2", "algo.group_size=4"]
+    if algo == "dapo":
+        extra += ["algo.overlong_buffer=4", "algo.max_resample_rounds=2"]
+    cfg = tiny_cfg(tmp_path, *extra)
+    run_dir, summary = run_cfg(cfg)
+    entries = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    assert [e["step"] for e in entries] == [0, 1, 2]
+    if algo == "ppo":
+        assert "critic/vf_loss" in entries[-1]["metrics"]
+    if algo == "dapo":
+        assert entries[-1]["metrics"]["train/num_gen_batches"] >= 1
+
+
+def test_aligned_forward_brings_the_trainer_to_the_rollout_policy(tmp_path):
+    common = ["quant=w4a16", "quant.group_size=32", "correction=tbpo", "steps=1", "eval_every=1"]
+    kls = {}
+    for aligned in ("false", "true"):
+        cfg = tiny_cfg(tmp_path, *common, f"correction.aligned_forward={aligned}")
+        run_dir, _ = run_cfg(cfg)
+        kls[aligned] = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))[1]["metrics"]["rollout_corr/kl"]
+    # Same seed, same warm start, same rollouts: only pi_prox's forward differs. QaRL's aligned
+    # forward uses the rollout's 4-bit weights, so the mismatch to pi_behav collapses.
+    assert abs(kls["true"]) < 0.25 * abs(kls["false"]), kls
+
+
+def _suite(args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "suite.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _cli_overrides(tmp_path, *extra, uri=None):
+    return TINY + [
+        f"out_dir={tmp_path / 'runs'}",
+        f"warm_start.cache_dir={tmp_path.parent / 'warmstart-cache'}",
+        f"tracking.tracking_uri={uri or 'sqlite:///' + str(tmp_path / 'mlflow.db')}",
+        *extra,
+    ]
+
+
+def test_kill_9_then_rerun_resumes_without_lost_or_duplicated_steps(tmp_path):
+    over = _cli_overrides(tmp_path / "a", "steps=10", "ckpt_every=2", "eval_every=5")
+    cfg = compose_config(over)
+    run_dir = os.path.join(cfg.out_dir, run_id(cfg))
+    proc = _suite(["run", *over])
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    deadline = time.time() + 240
+    # Kill mid-run, after a checkpoint and some un-checkpointed steps were logged.
+    while time.time() < deadline:
+        done = steps_of(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
+        if os.path.isdir(ckpt_dir) and any(f.startswith("step_00000004") for f in os.listdir(ckpt_dir)) and done and done[-1] >= 5:
+            break
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert steps_of(run_dir)[-1] < 10, "the run finished before it could be killed"
+
+    out = subprocess.run([sys.executable, "-m", "suite.cli", "run", *over], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    resumed = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    assert [e["step"] for e in resumed] == list(range(11))
+
+    # Same RNG streams: the resumed run computes what an uninterrupted run computes.
+    over_b = _cli_overrides(tmp_path / "b", "steps=10", "ckpt_every=2", "eval_every=5")
+    out = subprocess.run([sys.executable, "-m", "suite.cli", "run", *over_b], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    cfg_b = compose_config(over_b)
+    straight = read_jsonl(os.path.join(cfg_b.out_dir, run_id(cfg_b), "metrics.jsonl"))
+    for a, b in zip(resumed, straight):
+        for k in ("train/acc", "actor/pg_loss", "rollout_corr/kl", "response_length/mean"):
+            if k in b["metrics"]:
+                assert a["metrics"][k] == pytest.approx(b["metrics"][k], rel=1e-5, abs=1e-7), (a["step"], k)
+
+    client = MlflowClient(cfg.tracking.tracking_uri)
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    hist = client.get_metric_history(summary["mlflow_run_id"], "train/acc")
+    assert sorted(m.step for m in hist) == list(range(1, 11))
+
+
+def test_tracking_outage_loses_nothing_and_resyncs(tmp_path, mlflow_server_uri):
+    mlflow_server = mlflow_server_uri
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens
+    over = _cli_overrides(tmp_path, "steps=4", uri=dead)
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "suite.cli", "run", *over], capture_output=True, text=True,
+                         env={**os.environ, "MLFLOW_TRACKING_URI": dead})
+    assert out.returncode == 0, out.stdout + out.stderr
+    cfg = compose_config(over)
+    run_dir = os.path.join(cfg.out_dir, run_id(cfg))
+    assert steps_of(run_dir) == list(range(5))
+
+    out = subprocess.run([sys.executable, "-m", "suite.cli", "sync", run_dir, "--tracking-uri", mlflow_server],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    client = MlflowClient(mlflow_server)
+    runs = client.search_runs(
+        [client.get_experiment_by_name(cfg.tracking.experiment).experiment_id],
+        filter_string=f"tags.run_id = '{run_id(cfg)}'",
+    )
+    assert len(runs) == 1
+    hist = client.get_metric_history(runs[0].info.run_id, "train/acc")
+    assert sorted(m.step for m in hist) == [1, 2, 3, 4]
+    # Idempotent: a second sync sends nothing new.
+    subprocess.run([sys.executable, "-m", "suite.cli", "sync", run_dir, "--tracking-uri", mlflow_server], check=True,
+                   capture_output=True)
+    assert len(client.get_metric_history(runs[0].info.run_id, "train/acc")) == 4
