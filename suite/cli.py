@@ -59,11 +59,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from suite.tracking.loggers import resync
+    from suite.tracking.loggers import resync_cli
 
-    n = resync(args.run_dir, args.tracking_uri)
-    print(f"synced {n} metric entries from {args.run_dir}")
-    return 0
+    return resync_cli(args.run_dir, args.tracking_uri)
 
 
 def build_parser() -> argparse.ArgumentParser:

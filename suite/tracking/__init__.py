@@ -1,0 +1,50 @@
+"""Tracking: metric loggers (MLflow, JSONL, console), resync of a run dir to MLflow,
+atomic checkpoints and RNG state. See docs/architecture.md, "suite.tracking"."""
+
+from suite.tracking.checkpoint import (
+    checkpoint_path,
+    generator_state,
+    list_checkpoints,
+    load_latest_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_generator_state,
+    set_rng_state,
+)
+from suite.tracking.loggers import (
+    ConsoleLogger,
+    JsonlLogger,
+    MetricLogger,
+    MlflowLogger,
+    MultiLogger,
+    SyncResult,
+    flatten_params,
+    read_jsonl,
+    resolve_tracking_uri,
+    resync,
+    resync_cli,
+    truncate_jsonl,
+)
+
+__all__ = [
+    "ConsoleLogger",
+    "JsonlLogger",
+    "MetricLogger",
+    "MlflowLogger",
+    "MultiLogger",
+    "SyncResult",
+    "checkpoint_path",
+    "flatten_params",
+    "generator_state",
+    "list_checkpoints",
+    "load_latest_checkpoint",
+    "read_jsonl",
+    "resolve_tracking_uri",
+    "resync",
+    "resync_cli",
+    "rng_state",
+    "save_checkpoint",
+    "set_generator_state",
+    "set_rng_state",
+    "truncate_jsonl",
+]
