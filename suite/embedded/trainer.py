@@ -28,7 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from suite.config import axes, run_id
+from suite.config import axes, resolve_autocast, run_id
 from suite.core import advantages as adv_fns
 from suite.core.losses import masked_mean, policy_loss, value_loss
 from suite.core.metrics import model_update_visibility, rollout_corr_metrics
@@ -142,6 +142,7 @@ class EmbeddedRun:
                 f"model.preset={cfg.model.preset} has max_seq_len {self.model_cfg.max_seq_len} < longest prompt "
                 f"({prompt_max}) + rollout.max_new_tokens ({cfg.rollout.max_new_tokens})"
             )
+        self.bf16 = resolve_autocast(cfg.train.autocast)
         self.scheme = QuantScheme(
             precision=cfg.quant.precision, fp8_granularity=cfg.quant.fp8_granularity,
             block_size=cfg.quant.block_size, group_size=cfg.quant.group_size, symmetric=cfg.quant.symmetric,
@@ -153,7 +154,7 @@ class EmbeddedRun:
         state, self.warm_info = load_or_train(
             self.model_cfg, self.task, cfg.task.name, cfg.task.difficulty, self.tokenizer,
             steps=cfg.warm_start.steps, batch_size=cfg.warm_start.batch_size, lr=cfg.warm_start.lr,
-            seed=cfg.warm_start.seed, bf16_autocast=cfg.train.bf16_autocast, cache_dir=cfg.warm_start.cache_dir,
+            seed=cfg.warm_start.seed, bf16_autocast=self.bf16, cache_dir=cfg.warm_start.cache_dir,
             progress=self.progress,
         )
         torch.manual_seed(cfg.seed)
@@ -183,6 +184,9 @@ class EmbeddedRun:
         self.step = 0
         self.baseline_acc = None
 
+    def _generators(self) -> dict:
+        return {"sample": self.sample_gen, "shuffle": self.shuffle_gen}
+
     def _state(self) -> dict:
         return {
             "step": self.step,
@@ -190,9 +194,7 @@ class EmbeddedRun:
             "opt": self.opt.state_dict(),
             "critic": self.critic.state_dict() if self.critic else None,
             "critic_opt": self.critic_opt.state_dict() if self.critic_opt else None,
-            "sample_gen": self.sample_gen.get_state(),
-            "shuffle_gen": self.shuffle_gen.get_state(),
-            "torch_rng": torch.get_rng_state(),
+            "rng": ckpt.rng_state(self._generators()),
             "baseline_acc": self.baseline_acc,
         }
 
@@ -203,9 +205,7 @@ class EmbeddedRun:
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
             self.critic_opt.load_state_dict(state["critic_opt"])
-        self.sample_gen.set_state(state["sample_gen"])
-        self.shuffle_gen.set_state(state["shuffle_gen"])
-        torch.set_rng_state(state["torch_rng"])
+        ckpt.set_rng_state(state["rng"], self._generators())
         self.baseline_acc = state["baseline_acc"]
 
     # ---------------------------------------------------------------- pieces
@@ -213,7 +213,7 @@ class EmbeddedRun:
         """log pi(token) under the trainer's forward (bf16 autocast like verl's FSDP mixed precision;
         with QaRL's aligned forward the block weights are fake-quantized with an STE)."""
         temperature = self.cfg.rollout.temperature
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.train.bf16_autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             if aligned:
                 params = dict(model.named_parameters())
                 for name in self.qnames:
@@ -299,7 +299,7 @@ class EmbeddedRun:
         cfg = self.cfg
         mask = b.response_mask
         if cfg.algo.name == "ppo":
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.bf16_autocast):
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
                 values = self.critic(b.tokens, b.attention_mask, b.start).float()  # [N, R]
             rewards = torch.zeros_like(mask)  # [N, R]: outcome reward on the last response token
             last = (b.lengths - 1).clamp(min=0)
@@ -348,7 +348,7 @@ class EmbeddedRun:
                 for k, v in stats.items():
                     acc.setdefault(k, []).append(float(v))
                 if self.critic is not None:
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.bf16_autocast):
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
                         v = self.critic(sub.tokens, sub.attention_mask, sub.start).float()
                     vloss, vstats = value_loss(v, old_values[idx], returns[idx], mask,
                                                clip_range_value=cfg.algo.value_clip)
@@ -453,7 +453,7 @@ class EmbeddedRun:
         jsonl.truncate_after(self.step)  # steps after the checkpoint are recomputed, never duplicated
         mlflow_logger = MlflowLogger.for_run_dir(
             self.run_dir, cfg.tracking.tracking_uri, cfg.tracking.experiment,
-            cfg.tracking.run_name or os.path.basename(self.run_dir), tags={**axes(cfg), "run_id": run_id(cfg)},
+            cfg.tracking.run_name or os.path.basename(self.run_dir), tags={**axes(cfg), "run_id": run_id(cfg), "trainer_dtype": "bf16" if self.bf16 else "fp32"},
         )
         logger = MultiLogger([jsonl, mlflow_logger])
         if self.step == 0:
