@@ -168,7 +168,7 @@ class Int8Linear(nn.Module):
         else:
             acc = F.linear(xq.float(), self.codes)  # [M, N], exact integer sums (module doc)
         y = acc.mul_(xs).mul_(self.scale)  # [M, N]
-        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)  # [..., N]
 
 
 class Fp8Linear(nn.Module):
@@ -208,7 +208,7 @@ class Fp8Linear(nn.Module):
                                  out_dtype=out_dtype)  # [M, N]
         else:
             y = F.linear(self.act_quant(x), self.weight)  # [M, N], fake-quantized activations
-        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)  # [..., N]
 
 
 class Bf16EmulatedLinear(nn.Module):
@@ -361,7 +361,8 @@ class RolloutEngine:
         P = max(len(p) for p in prompts)
         S = P + max_new_tokens
         if S > self.cfg.max_seq_len:
-            raise ValueError(f"longest prompt {P} + max_new_tokens {max_new_tokens} > max_seq_len {self.cfg.max_seq_len}")
+            raise ValueError(f"longest prompt {P} + max_new_tokens {max_new_tokens} > "
+                             f"max_seq_len {self.cfg.max_seq_len}")
         # Distinct prompts (GRPO repeats every prompt G times): each is prefilled once.
         first: dict[tuple[int, ...], int] = {}  # prompt -> its id among the distinct prompts
         src: list[int] = []  # row -> distinct-prompt id
@@ -387,7 +388,8 @@ class RolloutEngine:
             logits = model.lm_head(h[:, -1]).float()  # [B, V]
         else:  # prefill the distinct prompts, then fan their KV cache out to the copies
             src_t, rep_t = torch.tensor(src, device=dev), torch.tensor(rep, device=dev)  # [B], [U]
-            h = model.hidden(tokens[rep_t, :P], attention_mask=mask[rep_t, :P], kv_cache=cache.rows(len(rep)))  # [U, P, D]
+            h = model.hidden(tokens[rep_t, :P], attention_mask=mask[rep_t, :P],
+                             kv_cache=cache.rows(len(rep)))  # [U, P, D]
             logits = model.lm_head(h[:, -1]).float()[src_t]  # [B, V]
             cache.gather_rows(src_t, P)
 
@@ -403,7 +405,8 @@ class RolloutEngine:
             n = t + 1
             if n == max_new_tokens or bool(done.all()):
                 break
-            h = model.hidden(tokens[:, col : col + 1], attention_mask=mask[:, col : col + 1], kv_cache=cache)  # [B, 1, D]
+            new = slice(col, col + 1)
+            h = model.hidden(tokens[:, new], attention_mask=mask[:, new], kv_cache=cache)  # [B, 1, D]
             logits = model.lm_head(h[:, 0]).float()  # [B, V]
         self._release()
 

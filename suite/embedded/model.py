@@ -16,7 +16,8 @@ masked out, so a sequence's logits never depend on its padding or its batch-mate
 
 Attention is written with plain matmuls: on the 2-core CPUs this suite targets,
 ``scaled_dot_product_attention`` with one query token was 2-4x slower than two matmuls
-(issue 7), and at the training shapes used here (T ~ 64, head_dim 64) it is no faster.
+(issue 7), and a training forward + backward ("small", B 64, T 64, with a padding mask) was
+1.2x slower with it than with these matmuls.
 """
 
 from __future__ import annotations
@@ -51,18 +52,19 @@ class ModelConfig:
 
 # Size presets: every ModelConfig field except vocab_size (it comes from the tokenizer):
 #   ModelConfig(vocab_size=tokenizer.vocab_size, **PRESETS["small"]).
-# Parameter counts below are for the ~80-symbol character vocabulary. d_ff ~ 8/3 d_model
-# (Llama), rounded to a multiple of 64; head_dim 64 throughout.
+# Parameter counts are for the 80-symbol character vocabulary. d_ff is 2.7-3x d_model (Llama:
+# 8/3), a multiple of 64; head_dim 64 throughout.
 PRESETS: dict[str, dict] = {
-    # ~0.9M: the tests' model; a decode step takes about a millisecond.
+    # 0.87M: the tests' model.
     "tiny": dict(d_model=128, n_layers=4, n_heads=2, d_ff=384, max_seq_len=256),
-    # ~3.2M: the default of `suite run` (200 RL steps fit in a few CPU minutes).
+    # 3.25M: the default of `suite run` (200 RL steps fit in a few CPU minutes).
     "small": dict(d_model=256, n_layers=4, n_heads=4, d_ff=704, max_seq_len=256),
-    # ~12M
+    # 11.6M
     "base": dict(d_model=384, n_layers=6, n_heads=6, d_ff=1152, max_seq_len=256),
-    # ~50M
+    # 49.7M
     "large": dict(d_model=640, n_layers=10, n_heads=10, d_ff=1728, max_seq_len=256),
-    # ~13M, few wide layers: the INT8 speed benchmark (W8A8 pays off from d_model ~512 on CPU).
+    # 13.7M in few wide layers: the INT8 speed benchmark (W8A8 pays off from d_model ~512 on
+    # CPUs with VNNI, issue 3).
     "wide": dict(d_model=512, n_layers=4, n_heads=8, d_ff=1536, max_seq_len=256),
 }
 
@@ -92,8 +94,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_table(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_seq_len, head_dim // 2] of RoPE (Su et al. 2021, eq. 34): pair i of a head
-    rotates by ``pos * theta ** (-2i / head_dim)``."""
+    """cos, sin [max_seq_len, head_dim // 2] of RoPE (Su et al. 2021, Sec. 3.2): pair i of a
+    head rotates by the angle ``pos * theta ** (-2i / head_dim)``."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # [hd/2]
     angles = torch.arange(max_seq_len, dtype=torch.float64)[:, None] * inv_freq  # [S, hd/2]
     return angles.cos().float(), angles.sin().float()

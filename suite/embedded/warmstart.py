@@ -109,6 +109,8 @@ def train_warm_start(
         loss_val = loss.item()
         if i % 20 == 0:
             bar.set_postfix(loss=f"{loss_val:.3f}")
+        if not progress and (i + 1) % 100 == 0:  # no bar (not a terminal): periodic lines instead
+            print(f"warm start {i + 1}/{steps} loss={loss_val:.3f}", flush=True)
     info = {"sft_steps": steps, "sft_final_loss": loss_val, "sft_seconds": time.perf_counter() - start}
     return model.state_dict(), info
 

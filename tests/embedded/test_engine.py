@@ -69,7 +69,8 @@ def rel_err(a, b, mask):
 
 def test_int8_linear_is_w8a8_with_per_token_scales():
     torch.manual_seed(0)
-    w, x = torch.randn(24, 40), torch.randn(2, 5, 40) * torch.logspace(-2, 2, 5)[:, None]  # rows of very different scale
+    w = torch.randn(24, 40)
+    x = torch.randn(2, 5, 40) * torch.logspace(-2, 2, 5)[:, None]  # tokens of very different scales
     wc, ws = quantize_int8_per_channel(w)
     xc, xs = quantize_int8_per_token(x.reshape(10, 40))
     want = (xc.double() @ wc.double().t()) * xs.double() * ws.double().t()  # [10, 24], exact integer GEMM
@@ -162,11 +163,12 @@ def test_engine_left_padding_and_batch_invariance(model, precision):
 # ----------------------------------------------------------------------------- weight sync
 
 
+@pytest.mark.parametrize("kernels", ["auto", "native"])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_sync_follows_weight_changes_in_place(precision):
+def test_sync_follows_weight_changes_in_place(precision, kernels):
     m = make_model(seed=1)
     scheme = QuantScheme(precision)
-    e = RolloutEngine(m, scheme)
+    e = RolloutEngine(m, scheme, kernels=kernels)
     tokens, mask = left_padded(rand_prompts([4, 7]))
     before = e.logits(tokens, mask)
     ptrs = {k: t.data_ptr() for k, t in list(e.model.state_dict().items())}
@@ -177,7 +179,7 @@ def test_sync_follows_weight_changes_in_place(precision):
     assert isinstance(seconds, float) and seconds > 0
     after = e.logits(tokens, mask)
     assert not torch.allclose(after, before)
-    assert torch.equal(after, RolloutEngine(m, scheme).logits(tokens, mask))  # = a fresh engine
+    assert torch.equal(after, RolloutEngine(m, scheme, kernels=kernels).logits(tokens, mask))  # = a fresh engine
     assert ptrs == {k: t.data_ptr() for k, t in e.model.state_dict().items()}  # nothing re-allocated
 
 
@@ -274,7 +276,8 @@ def test_top_p(model):
     tiny_nucleus = gen(e, prompts, temperature=0.7, top_p=1e-6)  # the nucleus is the top token
     assert torch.equal(tiny_nucleus.tokens, greedy.tokens)
     # behav_logp is of the full tempered distribution, not of the truncated one.
-    logp, _ = response_logprobs(model, tiny_nucleus.tokens, tiny_nucleus.attention_mask, tiny_nucleus.response_start, 0.7)
+    ro = tiny_nucleus
+    logp, _ = response_logprobs(model, ro.tokens, ro.attention_mask, ro.response_start, 0.7)
     assert_close(tiny_nucleus.behav_logp, logp)
     assert (logp < -1e-3).any()
     # A wide nucleus samples more than one distinct continuation.

@@ -75,7 +75,8 @@ def test_preset_sizes():
 def test_module_names():
     m = Transformer(ModelConfig(vocab_size=VOCAB, **{**PRESETS["tiny"], "n_layers": 2}))
     names = {n for n, _ in m.named_parameters()}
-    per_layer = ["attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp_norm", "mlp.w_gate", "mlp.w_up", "mlp.w_down"]
+    per_layer = ["attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo",
+                 "mlp_norm", "mlp.w_gate", "mlp.w_up", "mlp.w_down"]
     want = {"tok_emb.weight", "norm.weight", "lm_head.weight"}
     want |= {f"layers.{i}.{p}.weight" for i in range(2) for p in per_layer}
     assert names == want
@@ -108,7 +109,7 @@ def test_rope_is_a_rotation_with_relative_dot_products():
         return apply_rope(x.float()[None, None, None], cos[pos][None, None, None], sin[pos][None, None, None])[0, 0, 0]
 
     assert_close(rot(q, 5).norm(), q.float().norm())
-    # <R_m q, R_n k> depends on m - n only (Su et al. 2021, eq. 16).
+    # <R_m q, R_n k> depends on m - n only (Su et al. 2021, Sec. 3.2).
     assert_close(rot(q, 7) @ rot(k, 3), rot(q, 14) @ rot(k, 10), rtol=1e-5, atol=1e-5)
 
 
