@@ -125,9 +125,9 @@ class TrainConfig:
 
 @dataclass
 class WarmStartConfig:
-    steps: int = 600  # supervised steps on task traces before RL (0 = RL from scratch)
+    steps: int = 300  # supervised steps on task traces before RL (0 = RL from scratch)
     batch_size: int = 64  # sequences per supervised step
-    lr: float = 2e-3  # supervised learning rate (cosine to 10%)
+    lr: float = 3e-3  # supervised learning rate (linear warm-up, cosine to 10%)
     seed: int = 0  # warm-start seed; not the run seed, so seeds of a sweep share one warm start
     cache_dir: str = "${oc.env:SUITE_CACHE,'~/.cache/suite'}/warmstart"  # keyed by everything it depends on
 

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -135,6 +136,18 @@ def _truncate(kind: str, values: Mapping[str, str], max_len: int) -> dict[str, s
             value = value[:max_len]
         out[key] = value
     return out
+
+
+_MLFLOW_BAD_CHARS = re.compile(r"[^/\w.\- :]")
+
+
+def mlflow_metric_key(key: str) -> str:
+    """The MLflow name of a metric key, sanitized as verl's MLflow logger does
+    (verl/utils/tracking.py, 0.9.1), so embedded and verl runs share names in MLflow:
+    ``@`` becomes ``_at_`` (``val-core/x/acc/mean@1`` -> ``mean_at_1``), repeated slashes
+    collapse, and any other character MLflow rejects becomes ``_``. JSONL keeps the original."""
+    key = re.sub(r"/+", "/", key.replace("@", "_at_"))
+    return _MLFLOW_BAD_CHARS.sub("_", key)
 
 
 def _to_float(key: str, value: Any) -> float:
@@ -614,8 +627,8 @@ class MlflowLogger:
         ts = _timestamp_ms(time.time() if timestamp is None else timestamp)
         step = int(step)
         for key, value in metrics.items():
-            key = str(key)
-            v = _to_float(key, value)
+            v = _to_float(str(key), value)
+            key = mlflow_metric_key(str(key))
             if key not in self._good_keys:
                 if key in self._bad_keys:
                     continue

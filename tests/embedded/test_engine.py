@@ -9,6 +9,7 @@ from torch.testing import assert_close
 
 from suite.core.quant import QuantScheme, fake_quant, quantize_int8_per_channel, quantize_int8_per_token
 from suite.embedded.engine import Int8Linear, Rollout, RolloutEngine, SharedActQuant
+from _prompts import left_padded, rand_prompts
 from suite.embedded.model import PRESETS, ModelConfig, Transformer, response_logprobs
 
 PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
@@ -25,18 +26,6 @@ def make_model(seed: int = 0, gain: float = 4.0) -> Transformer:
             if not name.endswith("norm.weight"):
                 p.mul_(gain)
     return m.eval()
-
-
-def left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    P = max(map(len, prompts))
-    tokens = torch.tensor([[PAD] * (P - len(p)) + p for p in prompts])  # [B, P]
-    mask = torch.tensor([[False] * (P - len(p)) + [True] * len(p) for p in prompts])  # [B, P]
-    return tokens, mask
-
-
-def rand_prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from _prompts import left_padded, rand_prompts
 from suite.embedded.model import (
     PRESETS,
     KVCache,
@@ -42,18 +43,6 @@ def make_model(preset: str = "tiny", seed: int = 0, gain: float = 4.0, **over) -
             if not name.endswith("norm.weight"):
                 p.mul_(gain)
     return m.eval()
-
-
-def left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    P = max(map(len, prompts))
-    tokens = torch.tensor([[pad] * (P - len(p)) + p for p in prompts])  # [B, P]
-    mask = torch.tensor([[False] * (P - len(p)) + [True] * len(p) for p in prompts])  # [B, P]
-    return tokens, mask
-
-
-def rand_prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
 # ----------------------------------------------------------------------------- config and layout

@@ -44,6 +44,7 @@ REQUIRED_EVERY_STEP = [
     "rollout_corr/log_ppl_diff",
     "rollout_corr/chi2_token",
     "quant/update_visible_frac",
+    "quant/update_code_changed_frac",
     "quant/update_step_ratio",
     "perf/throughput",
     "perf/gen_tokens_per_s",
@@ -216,3 +217,26 @@ def test_tracking_outage_loses_nothing_and_resyncs(tmp_path, mlflow_server_uri):
     subprocess.run([sys.executable, "-m", "suite.cli", "sync", run_dir, "--tracking-uri", mlflow_server], check=True,
                    capture_output=True)
     assert len(client.get_metric_history(runs[0].info.run_id, "train/acc")) == 4
+
+
+def _step1(tmp_path, *extra):
+    cfg = tiny_cfg(tmp_path, "steps=1", "eval_every=1", "rollout.prompts_per_step=8", *extra)
+    run_dir, _ = run_cfg(cfg)
+    return read_jsonl(os.path.join(run_dir, "metrics.jsonl"))[1]["metrics"]
+
+
+def test_uaq_raises_weight_update_visibility_under_int8(tmp_path):
+    """QuRL §4.2: with Adam the update size is ~lr whatever the weight scale, while W/s has an
+    s-times smaller INT8 step, so the update/step ratio grows by about s and more of the
+    update survives quantization."""
+    plain = _step1(tmp_path, "quant=int8", "uaq.s=1.0")
+    uaq = _step1(tmp_path, "quant=int8", "uaq.s=1.5")
+    assert uaq["quant/update_step_ratio"] > 1.3 * plain["quant/update_step_ratio"], (plain, uaq)
+    assert uaq["quant/update_code_changed_frac"] > plain["quant/update_code_changed_frac"], (plain, uaq)
+
+
+def test_low_bit_rollouts_drift_further_from_the_trainer_than_bf16(tmp_path):
+    """rollout_corr/k3_kl = KL(pi_behav || pi_prox) on the sampled tokens (verl's estimator):
+    INT8 and FP8 rollouts disagree with the full-precision trainer more than BF16 does."""
+    k3 = {p: _step1(tmp_path, f"quant={p}", "uaq.s=1.0")["rollout_corr/k3_kl"] for p in ("bf16", "int8", "fp8")}
+    assert k3["int8"] > 2 * k3["bf16"] and k3["fp8"] > 2 * k3["bf16"], k3

@@ -25,7 +25,7 @@ from suite.tracking import (
     resync,
     resync_cli,
 )
-from suite.tracking.loggers import LIVE_HTTP_ENV, SYNC_FILE, resolve_tracking_uri
+from suite.tracking.loggers import LIVE_HTTP_ENV, SYNC_FILE, mlflow_metric_key, resolve_tracking_uri
 
 # mlflow 3.17.2's sqlalchemy store triggers this on its own; nothing to do with us.
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
@@ -190,6 +190,19 @@ def test_mlflow_invalid_metric_key_is_dropped_not_raised(tmp_path, sqlite_uri, c
     lg.flush()
     assert history(MlflowClient(sqlite_uri), lg.run_id, "ok") == [(0, 1.0)]
     assert "../escape" in caplog.text
+    lg.close()
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("key", ["val-core/arith/acc/mean@1", "a//b", "x(y)", "actor/pg_loss", "k@2/v w"])
+def test_mlflow_key_sanitized_like_verl(key, tmp_path, sqlite_uri):
+    from verl.utils.tracking import _MlflowLoggingAdapter
+
+    assert mlflow_metric_key(key) == _MlflowLoggingAdapter()._sanitize_key(key)
+    lg = MlflowLogger(sqlite_uri, "sqlite-exp", "verl-keys", run_dir=tmp_path)
+    lg.log_metrics({key: 0.5}, 3)
+    lg.flush()
+    assert history(MlflowClient(sqlite_uri), lg.run_id, mlflow_metric_key(key)) == [(3, 0.5)]
     lg.close()
 
 
