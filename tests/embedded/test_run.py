@@ -235,8 +235,17 @@ def test_uaq_raises_weight_update_visibility_under_int8(tmp_path):
     assert uaq["quant/update_code_changed_frac"] > plain["quant/update_code_changed_frac"], (plain, uaq)
 
 
-def test_low_bit_rollouts_drift_further_from_the_trainer_than_bf16(tmp_path):
+def test_fp8_rollouts_drift_further_from_the_trainer_than_bf16(tmp_path):
     """rollout_corr/k3_kl = KL(pi_behav || pi_prox) on the sampled tokens (verl's estimator):
-    INT8 and FP8 rollouts disagree with the full-precision trainer more than BF16 does."""
-    k3 = {p: _step1(tmp_path, f"quant={p}", "uaq.s=1.0")["rollout_corr/k3_kl"] for p in ("bf16", "int8", "fp8")}
-    assert k3["int8"] > 2 * k3["bf16"] and k3["fp8"] > 2 * k3["bf16"], k3
+    FP8 (E4M3, per-token activations) rollouts disagree with the trainer far more than BF16.
+
+    INT8 is left out on purpose: at this scale per-channel W8A8 is about as accurate as bf16
+    rounding, and which of the two drifts more depends on the warm start (measured: INT8 at
+    2-4x BF16 on the default model after its 300-step warm start, below BF16 after 100 steps)."""
+    k3 = {}
+    for p in ("bf16", "fp8"):
+        cfg = tiny_cfg(tmp_path, "steps=2", "eval_every=2", "rollout.prompts_per_step=8", f"quant={p}", "uaq.s=1.0")
+        run_dir, _ = run_cfg(cfg)
+        steps = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))[1:]
+        k3[p] = sum(e["metrics"]["rollout_corr/k3_kl"] for e in steps) / len(steps)
+    assert k3["fp8"] > 3 * k3["bf16"], k3
