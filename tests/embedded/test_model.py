@@ -23,16 +23,6 @@ from suite.embedded.model import (
 VOCAB = 80  # the character tokenizer's size
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models run fastest on one intra-op thread; on shared cores, two threads that wait
-    # for each other at every op are 10-30x slower.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_model(preset: str = "tiny", seed: int = 0, gain: float = 4.0, **over) -> Transformer:
     """A seeded model whose weights are scaled up by ``gain``: with the 0.02-std init the logits
     are nearly uniform and attention nearly flat, which would make equality tests vacuous."""
