@@ -231,7 +231,9 @@ def test_uaq_raises_weight_update_visibility_under_int8(tmp_path):
     update survives quantization."""
     plain = _step1(tmp_path, "quant=int8", "uaq.s=1.0")
     uaq = _step1(tmp_path, "quant=int8", "uaq.s=1.5")
-    assert uaq["quant/update_step_ratio"] > 1.3 * plain["quant/update_step_ratio"], (plain, uaq)
+    # UAQ rescales q/k/v and gate/up but not wo and w_down: 69% of the tiny model's quantized
+    # entries, so the pooled ratio should grow by about 0.69 * 1.5 + 0.31 = 1.35 (measured 1.32).
+    assert uaq["quant/update_step_ratio"] > 1.2 * plain["quant/update_step_ratio"], (plain, uaq)
     assert uaq["quant/update_code_changed_frac"] > plain["quant/update_code_changed_frac"], (plain, uaq)
 
 
