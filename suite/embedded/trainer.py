@@ -17,7 +17,6 @@ All math is `suite.core`; this module only moves tensors between the parts.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -219,14 +218,8 @@ class EmbeddedRun:
                 for name in self.qnames:
                     params[name] = fake_quant(params[name], self.scheme, ste=True)
 
-                class _Functional(torch.nn.Module):  # response_logprobs calls model(...)
-                    def forward(_self, *args, **kwargs):
-                        return torch.func.functional_call(model, params, args, kwargs)
-
-                    def hidden(_self, *args, **kwargs):
-                        return torch.func.functional_call(model, params, args, kwargs)
-
-                fn = _Functional()
+                def fn(*args, **kwargs):  # response_logprobs only calls model(...)
+                    return torch.func.functional_call(model, params, args, kwargs)
             else:
                 fn = model
             logp, ent = response_logprobs(fn, b.tokens, b.attention_mask, b.start, temperature, with_entropy=with_entropy)

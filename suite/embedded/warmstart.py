@@ -27,6 +27,7 @@ from suite.embedded.batch import pack
 from suite.embedded.model import ModelConfig, Transformer, response_logprobs
 from suite.embedded.tasks import make_split
 from suite.embedded.tokenizer import CharTokenizer
+from suite.tracking.atomic import atomic_write
 
 FORMAT_VERSION = 1  # bump when the SFT recipe changes, so stale caches are not reused
 POOL_SIZE = 20_000  # distinct training prompts drawn for the warm start
@@ -143,7 +144,5 @@ def load_or_train(
             model_cfg, task, tokenizer, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
             bf16_autocast=bf16_autocast, progress=progress,
         )
-        tmp = f"{path}.tmp{os.getpid()}"
-        torch.save({"state_dict": state, "info": info}, tmp)
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: torch.save({"state_dict": state, "info": info}, f))
     return state, {**info, "cache_hit": False, "cache_path": path}

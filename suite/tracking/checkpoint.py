@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from suite.tracking.atomic import atomic_write
+
 log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
@@ -47,14 +49,6 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(
     run_dir: str | os.PathLike, step: int, state: Mapping[str, Any], *, keep_last: int = 2
 ) -> Path:
@@ -65,17 +59,9 @@ def save_checkpoint(
     final = checkpoint_path(run_dir, step)
     d = final.parent
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{final.name}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, "step": int(step), "state": dict(state)}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(d)  # make the rename itself durable before deleting older checkpoints
+    payload = {"format": FORMAT, "step": int(step), "state": dict(state)}
+    # atomic_write fsyncs the directory, so the rename is durable before older ones go.
+    atomic_write(final, lambda f: torch.save(payload, f))
 
     for old_step, p in list_checkpoints(run_dir)[:-keep_last]:
         p.unlink(missing_ok=True)

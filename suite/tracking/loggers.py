@@ -38,6 +38,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
+from suite.tracking.atomic import atomic_write
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
@@ -162,31 +164,9 @@ def _timestamp_ms(unix_s: float) -> int:
     return int(round(unix_s * 1000))
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # e.g. platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` so a crash leaves either the old or the new file, never half."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def _write_json(path: Path, obj: Any) -> None:
