@@ -3,11 +3,16 @@
     suite run [HYDRA_OVERRIDES...]      # e.g. suite run quant=int8 correction=acr uaq.s=1.5 algo=dapo seed=1
     suite run --cfg [OVERRIDES...]      # print the resolved config and exit (Hydra's --cfg job)
     suite sync RUN_DIR                  # re-send a run's JSONL metrics to MLflow after an outage
+
+Further verbs (sweep, status, cancel, report, bench, tune, uaq) live in their own packages;
+each exposes `register(subparsers)` and is listed in `_PLUGINS`, imported lazily so that
+`suite run` never pays for pandas or Optuna.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -76,7 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_sync.add_argument("run_dir")
     p_sync.add_argument("--tracking-uri", default=None, help="default: the one the run used")
     p_sync.set_defaults(func=cmd_sync)
+    for module in _PLUGINS:
+        importlib.import_module(module).register(sub)
     return parser
+
+
+# Modules that add verbs: each defines `register(subparsers)` which calls `add_parser` and
+# `set_defaults(func=...)`; heavy imports belong inside the verb's function, not at module top.
+_PLUGINS: tuple[str, ...] = (
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra import compose, initialize
 from hydra.core.config_store import ConfigStore
@@ -138,6 +138,8 @@ class TrackingConfig:
     experiment: str = "suite"  # MLflow experiment name
     run_name: str = ""  # MLflow run name; empty = derived from the axes
     console_every: int = 10  # print a metrics line every N steps (0 = never)
+    parent_run_id: str = ""  # MLflow parent run (a sweep's or a study's); set by `suite sweep` / `suite tune`
+    tags: Dict[str, str] = field(default_factory=dict)  # extra MLflow tags (e.g. sweep name, trial number)
 
 
 @dataclass

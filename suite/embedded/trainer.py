@@ -446,7 +446,9 @@ class EmbeddedRun:
         jsonl.truncate_after(self.step)  # steps after the checkpoint are recomputed, never duplicated
         mlflow_logger = MlflowLogger.for_run_dir(
             self.run_dir, cfg.tracking.tracking_uri, cfg.tracking.experiment,
-            cfg.tracking.run_name or os.path.basename(self.run_dir), tags={**axes(cfg), "run_id": run_id(cfg), "trainer_dtype": "bf16" if self.bf16 else "fp32"},
+            cfg.tracking.run_name or os.path.basename(self.run_dir), tags={**axes(cfg), **dict(cfg.tracking.tags), "run_id": run_id(cfg),
+                  "trainer_dtype": "bf16" if self.bf16 else "fp32"},
+            parent_run_id=cfg.tracking.parent_run_id or None,
         )
         logger = MultiLogger([jsonl, mlflow_logger])
         if self.step == 0:
