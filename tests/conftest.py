@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["slurm_fixture"]  # the `slurm_cluster` fixture (tests/ is on sys.path: no __init__.py)
+
 
 def free_port() -> int:
     with socket.socket() as s:
