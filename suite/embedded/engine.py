@@ -14,10 +14,13 @@ Precisions (``QuantScheme.precision``; every quantizer comes from :mod:`suite.co
   for sampling and log-probs.
 - ``int8``: W8A8 as QuRL / vLLM: per-output-channel int8 weights, activations quantized
   dynamically *per token* (one scale per row, so a sequence never depends on its
-  batch-mates), an int8 x int8 -> int32 GEMM, rescaled by ``act_scale * weight_scale``.
-  Embeddings, norms, attention and ``lm_head`` in float32.
+  batch-mates), an int8 x int8 -> int32 GEMM, rescaled by ``act_scale * weight_scale``,
+  output in bfloat16. Embeddings, norms, attention and ``lm_head`` in bfloat16, as in vLLM,
+  whose quantized models keep ``dtype=bfloat16`` outside the W8A8 GEMMs: an INT8 rollout
+  carries the BF16 rollout's rounding *plus* its quantization error, which is why QuRL's
+  INT8/FP8 mismatch sits above BF16's.
 - ``fp8``: E4M3 weights (``QuantScheme.fp8_granularity``) and per-token dynamic E4M3
-  activations (W8A8-FP8); the rest in float32.
+  activations (W8A8-FP8); the rest in bfloat16, as for int8.
 - ``w4a16``: QaRL's group-wise 4-bit weights dequantized once per sync into bfloat16; the
   whole copy computes in bfloat16 (a W4A16 kernel's numerics; no 4-bit kernel is used).
 
@@ -250,8 +253,11 @@ class RolloutEngine:
         p = scheme.precision
         self.scheme, self.cfg = scheme, model.cfg
         self.device = device = next(model.parameters()).device
-        self.dtype = torch.bfloat16 if p in ("bf16", "w4a16") else torch.float32
+        # Outside the quantized GEMMs every low-precision engine computes in bf16 (module doc).
+        self.dtype = torch.float32 if p == "fp32" else torch.bfloat16
         self.native = kernels == "native" or (kernels == "auto" and native_is_fast(p, device, scheme))
+        # bf16 attention matmuls and lm_head: native bf16 kernels, or the float32 emulation.
+        self.bf16_native = kernels == "native" or (kernels == "auto" and native_is_fast("bf16", device))
         if p == "fp8" and scheme.fp8_granularity == "block":
             self.native = False  # no row-wise-scaled kernel for 128x128 blocks: dequantize
 
@@ -294,9 +300,9 @@ class RolloutEngine:
                     replace(parent, attr, target, name, load=_w4_loader(target, scheme))
                 elif p == "bf16" and not self.native:
                     replace(parent, attr, Bf16EmulatedLinear(n_in, n_out, device), name)
-            if self.dtype == torch.bfloat16 and not self.native:
+            if self.dtype == torch.bfloat16 and not self.bf16_native:
                 block.attn.matmul = _bf16_matmul_emulated
-        if self.dtype == torch.bfloat16 and not self.native:
+        if self.dtype == torch.bfloat16 and not self.bf16_native:
             replace(m, "lm_head", Bf16EmulatedLinear(self.cfg.d_model, self.cfg.vocab_size, device), "lm_head")
         # Everything else (embeddings, norms, and unquantized linears) is copied (and cast).
         self._plain = [(prm, name) for name, prm in m.named_parameters() if name not in replaced]
@@ -305,10 +311,11 @@ class RolloutEngine:
         self.sync(model)
 
     def _act_quant_fn(self) -> Callable:
+        # Scales are computed in float32 from the bf16 activations, as vLLM's quant kernels do.
         if self.scheme.precision == "int8":
-            return quantize_int8_per_token  # -> (int8 codes [M, K], scales [M, 1])
+            return lambda x: quantize_int8_per_token(x.float())  # -> (int8 codes [M, K], scales [M, 1])
         if self.native:
-            return lambda x: quantize_fp8(x, "per_channel")  # -> (fp8 codes [M, K], scales [M, 1])
+            return lambda x: quantize_fp8(x.float(), "per_channel")  # -> (fp8 codes [M, K], scales [M, 1])
         return lambda x: fake_quant(x.float(), _FP8_PER_TOKEN)  # -> dequantized [M, K]
 
     # ---------------------------------------------------------------- weight sync

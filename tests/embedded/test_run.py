@@ -237,17 +237,24 @@ def test_uaq_raises_weight_update_visibility_under_int8(tmp_path):
     assert uaq["quant/update_code_changed_frac"] > plain["quant/update_code_changed_frac"], (plain, uaq)
 
 
-def test_fp8_rollouts_drift_further_from_the_trainer_than_bf16(tmp_path):
-    """rollout_corr/k3_kl = KL(pi_behav || pi_prox) on the sampled tokens (verl's estimator):
-    FP8 (E4M3, per-token activations) rollouts disagree with the trainer far more than BF16.
+def test_int8_and_fp8_rollouts_drift_further_from_the_trainer_than_bf16(tmp_path):
+    """rollout_corr/k3_kl, verl's low-variance estimate of KL(pi_behav || pi_prox) on the sampled
+    tokens (rollout_corr/kl is its k1 form): INT8 and FP8 (W8A8, per-token activations) rollouts disagree with the
+    full-precision trainer more than BF16 does (QuRL Fig. 2), because, as in vLLM, the quantized
+    engines keep bf16 everywhere outside their GEMMs and add the quantization error on top.
 
-    INT8 is left out on purpose: at this scale per-channel W8A8 is about as accurate as bf16
-    rounding, and which of the two drifts more depends on the warm start (measured: INT8 at
-    2-4x BF16 on the default model after its 300-step warm start, below BF16 after 100 steps)."""
-    k3 = {}
-    for p in ("bf16", "fp8"):
+    Same seed, warm start and prompts for the three precisions; steps 1-2 averaged."""
+    kl, k3 = {}, {}
+    for p in ("bf16", "int8", "fp8"):
         cfg = tiny_cfg(tmp_path, "steps=2", "eval_every=2", "rollout.prompts_per_step=8", f"quant={p}", "uaq.s=1.0")
         run_dir, _ = run_cfg(cfg)
         steps = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))[1:]
+        kl[p] = sum(e["metrics"]["rollout_corr/kl"] for e in steps) / len(steps)
         k3[p] = sum(e["metrics"]["rollout_corr/k3_kl"] for e in steps) / len(steps)
-    assert k3["fp8"] > 3 * k3["bf16"], k3
+    # Measured: k3 bf16 2.0e-5, int8 5.3e-5, fp8 1.6e-4.
+    assert k3["int8"] > 2 * k3["bf16"], k3
+    assert k3["fp8"] > 2 * k3["int8"], k3
+    # k1 (rollout_corr/kl) estimates the same KL without bias, but per token its spread is about
+    # sqrt(2 KL) ~ 0.006-0.02, so on ~2k tokens its standard error (1e-4 - 4e-4) exceeds the KL
+    # itself and its sign is noise; over a whole run (400k tokens) it resolves. Here: finite only.
+    assert all(abs(v) < 1e-2 for v in kl.values()), kl
