@@ -186,10 +186,18 @@ def _group_len(group_size: int, in_f: int) -> int:
 # materialising per-entry scales or integer storage.
 
 
+def _div(t: torch.Tensor, c: float) -> torch.Tensor:
+    """``t / c`` as a true IEEE division on every device. CUDA compiles a division by a Python
+    scalar into a multiplication by its reciprocal, which is 1 ulp off for some inputs (measured
+    on an H200: 7 of 256 INT8 scales, then 5 of 131,072 codes off by one against the CPU);
+    dividing by a tensor is exact, so CPU and GPU quantize bit-identically."""
+    return t / torch.full_like(t, c)
+
+
 def _int8_core(xf: torch.Tensor, name: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     amax = _absmax(xf, -1)  # [..., 1]
     _check_reduced(amax, xf, name)
-    scales = amax / INT8_QMAX  # [..., 1]
+    scales = _div(amax, INT8_QMAX)  # [..., 1]
     codes = torch.round_(xf / _safe(scales)).clamp_(-INT8_QMAX, INT8_QMAX)  # [..., in]
     return codes, scales
 
@@ -201,18 +209,18 @@ def _fp8_core(
     if granularity == "per_tensor":
         amax = _absmax(wf.reshape(1, -1), -1)  # [1, 1]
         _check_reduced(amax, wf, name)
-        scales = amax / FP8_E4M3_MAX  # [1, 1]
+        scales = _div(amax, FP8_E4M3_MAX)  # [1, 1]
         x = wf / _safe(scales)  # [out, in]
     elif granularity == "per_channel":
         amax = _absmax(wf, -1)  # [out, 1]
         _check_reduced(amax, wf, name)
-        scales = amax / FP8_E4M3_MAX  # [out, 1]
+        scales = _div(amax, FP8_E4M3_MAX)  # [out, 1]
         x = wf / _safe(scales)  # [out, in]
     else:
         tiles = _tiles(wf, b)  # [OB, b, IB, b]
         amax = tiles.abs().amax(dim=(1, 3))  # [OB, IB]
         _check_reduced(amax, wf, name)
-        scales = amax / FP8_E4M3_MAX  # [OB, IB]
+        scales = _div(amax, FP8_E4M3_MAX)  # [OB, IB]
         x = tiles / _safe(scales)[:, None, :, None]  # [OB, b, IB, b]
     # Saturate before the cast: E4M3FN has no inf, an out-of-range cast would give NaN.
     codes = x.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
@@ -229,13 +237,13 @@ def _w4_core(
     if symmetric:
         amax = _absmax(groups, -1)  # [out, G, 1]
         _check_reduced(amax, wf, name)
-        scales = amax / (W4_SYM_QMAX + 0.5)  # [out, G, 1]
+        scales = _div(amax, W4_SYM_QMAX + 0.5)  # [out, G, 1]
         codes = torch.round_(groups / _safe(scales)).clamp_(W4_SYM_QMIN, W4_SYM_QMAX)
         return codes, scales.squeeze(-1), None
     mn, mx = torch.aminmax(groups, dim=-1, keepdim=True)  # [out, G, 1] each
     _check_reduced(torch.cat([mn, mx], -1), wf, name)
     lo, hi = mn.clamp(max=0.0), mx.clamp(min=0.0)  # 0 inside the range -> 0 is exact
-    scales = (hi - lo) / W4_ASYM_QMAX  # [out, G, 1]
+    scales = _div(hi - lo, W4_ASYM_QMAX)  # [out, G, 1]
     safe = _safe(scales)
     zeros = torch.round_(-lo / safe).clamp_(0, W4_ASYM_QMAX)  # [out, G, 1]
     codes = torch.round_(groups / safe).add_(zeros).clamp_(0, W4_ASYM_QMAX)  # [out, G, g]
@@ -456,7 +464,7 @@ def quant_step(w: torch.Tensor, scheme: QuantScheme, *, name: str | None = None)
     if p == "int8":
         amax = _absmax(wd, -1)  # [out, 1]
         _check_reduced(amax, wd, name)
-        return (amax / INT8_QMAX).expand(wd.shape).contiguous()  # [out, in]
+        return _div(amax, INT8_QMAX).expand(wd.shape).contiguous()  # [out, in]
     if p == "w4a16":
         _, scales, _ = _w4_core(wd, scheme.group_size, scheme.symmetric, name)  # [out, G]
         g = _group_len(scheme.group_size, wd.shape[-1])
