@@ -1,0 +1,183 @@
+"""UAQ for Hugging Face checkpoints: rewrite safetensors shards with the invariant scaling.
+
+    suite uaq apply --s 1.5 IN_DIR OUT_DIR     # norm gains x s; q/k/v and gate/up weights / s
+    suite uaq undo  --s 1.5 IN_DIR OUT_DIR     # the inverse, e.g. to export a trained model
+
+The scaling is suite.core.uaq's (``apply_uaq`` / ``undo_uaq`` with its ``llama`` / ``qwen2``
+module mappings), run on a module tree built from the checkpoint's tensor names, so there is
+no second implementation. Architectures whose mapping is not known are refused. The tool never
+writes into its input: OUT_DIR must differ from IN_DIR and be absent or empty; it is written
+under a temporary name and renamed when complete. After ``apply`` the first
+``verify_layers`` blocks of both checkpoints are run on a few tokens (float32, CPU) and the
+logits compared; ``uaq.json`` in OUT_DIR records s, the mapping and the source.
+
+Memory: all tensors are loaded on CPU at once (a 7B bf16 model needs ~15 GB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from suite.core.uaq import apply_uaq, undo_uaq
+
+# Hugging Face architecture -> suite.core.uaq mapping name
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+MARKER = "uaq.json"
+
+
+class UAQError(ValueError):
+    """A checkpoint the UAQ tool refuses to transform; the message says why."""
+
+
+def architecture_mapping(model_dir: Path) -> tuple[str, str]:
+    """(architecture, suite.core.uaq mapping name) from ``config.json``; refuses unknown ones."""
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        raise UAQError(f"{model_dir}: no config.json (not a Hugging Face model directory)")
+    archs = json.loads(cfg_path.read_text()).get("architectures") or []
+    if len(archs) != 1 or archs[0] not in ARCHITECTURES:
+        raise UAQError(
+            f"{cfg_path}: architectures={archs}; the UAQ module mapping is known only for "
+            f"{', '.join(sorted(ARCHITECTURES))}"
+        )
+    return archs[0], ARCHITECTURES[archs[0]]
+
+
+def _shards(model_dir: Path) -> list[Path]:
+    shards = sorted(model_dir.glob("*.safetensors"))
+    if not shards:
+        raise UAQError(f"{model_dir}: no *.safetensors shards (convert .bin checkpoints to safetensors first)")
+    return shards
+
+
+def _module_tree(tensors: dict[str, torch.Tensor]) -> nn.Module:
+    """nn.Module hierarchy whose parameters *are* the checkpoint tensors (shared storage)."""
+    root = nn.Module()
+    for name, t in tensors.items():
+        *path, leaf = name.split(".")
+        mod = root
+        for part in path:
+            child = mod._modules.get(part)
+            if child is None:
+                child = nn.Module()
+                mod.add_module(part, child)
+            mod = child
+        mod.register_parameter(leaf, nn.Parameter(t, requires_grad=False))
+    return root
+
+
+def _check_out(in_dir: Path, out_dir: Path) -> None:
+    if out_dir.resolve() == in_dir.resolve():
+        raise UAQError(f"OUT_DIR {out_dir} is IN_DIR: the UAQ tool never overwrites its input")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise UAQError(f"OUT_DIR {out_dir} exists and is not empty; choose a new directory")
+    if in_dir.resolve() in out_dir.resolve().parents:
+        raise UAQError(f"OUT_DIR {out_dir} lies inside IN_DIR {in_dir}")
+
+
+def transform(in_dir: str | os.PathLike, out_dir: str | os.PathLike, s: float, *, undo: bool = False,
+              verify_layers: int = 2, verify_tokens: int = 8, log=print) -> dict:
+    """Write the UAQ-transformed (or, with ``undo``, restored) copy of ``in_dir`` to ``out_dir``.
+
+    Returns a report: architecture, mapping, scaled tensor count, and after ``apply`` the
+    invariance check (``max_rel_logit_diff`` over ``verify_layers`` blocks).
+    """
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    in_dir, out_dir = Path(in_dir), Path(out_dir)
+    if not in_dir.is_dir():
+        raise UAQError(f"IN_DIR {in_dir} is not a directory")
+    _check_out(in_dir, out_dir)
+    arch, mapping = architecture_mapping(in_dir)
+    marker = in_dir / MARKER
+    prior = json.loads(marker.read_text()) if marker.is_file() else None
+    if not undo and prior is not None:
+        raise UAQError(f"{in_dir} is already UAQ-transformed (s={prior['s']}, {MARKER}); undo it first")
+    if undo and prior is not None and float(prior["s"]) != float(s):
+        raise UAQError(f"{in_dir} was transformed with s={prior['s']} ({MARKER}), not s={s}")
+
+    shards = _shards(in_dir)
+    tensors: dict[str, torch.Tensor] = {}
+    owner: dict[str, Path] = {}
+    metadata: dict[Path, dict] = {}
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as f:
+            metadata[shard] = f.metadata() or {"format": "pt"}
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+                owner[key] = shard
+    tree = _module_tree(tensors)
+    pairs = (undo_uaq if undo else apply_uaq)(tree, s, mapping)  # validates before changing anything
+    n_scaled = sum(1 + len(lins) for _, lins in pairs)
+    log(f"uaq {'undo' if undo else 'apply'} s={s:g} ({arch}, mapping {mapping}): {len(pairs)} norms, {n_scaled} tensors rescaled")
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        for item in in_dir.iterdir():
+            if item.suffix == ".safetensors" or item.name == MARKER:
+                continue
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+        for shard in shards:
+            part = {k: tensors[k].contiguous() for k in tensors if owner[k] == shard}
+            save_file(part, str(tmp / shard.name), metadata=metadata[shard])
+        report = {"op": "undo" if undo else "apply", "s": float(s), "architecture": arch, "mapping": mapping,
+                  "source": str(in_dir.resolve()), "tensors_rescaled": n_scaled}
+        if not undo:
+            report.update(verify_invariance(in_dir, tmp, layers=verify_layers, n_tokens=verify_tokens))
+            log(f"uaq verify: max relative logit difference {report['max_rel_logit_diff']:.2e} "
+                f"over {report['verify_layers']} blocks, {verify_tokens} tokens (tolerance {report['tolerance']:.1e})")
+            (tmp / MARKER).write_text(json.dumps(report, indent=2) + "\n")
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (checked above)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return report
+
+
+def _truncated_model(model_dir: Path, layers: int):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    config.num_hidden_layers = min(layers, config.num_hidden_layers)
+    if hasattr(config, "layer_types") and config.layer_types is not None:
+        config.layer_types = config.layer_types[: config.num_hidden_layers]
+    return AutoModelForCausalLM.from_pretrained(model_dir, config=config, torch_dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def verify_invariance(orig_dir: Path, new_dir: Path, *, layers: int = 2, n_tokens: int = 8, seed: int = 0) -> dict:
+    """Run the first ``layers`` blocks of both checkpoints (float32) on ``n_tokens`` random tokens.
+
+    Raises UAQError when the logits differ by more than ``tolerance`` relative to their largest
+    magnitude: 1e-5 for float32 checkpoints, 4 ulp of the stored dtype otherwise (a bf16
+    checkpoint rounds each rescaled entry once).
+    """
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    a = _truncated_model(orig_dir, layers)
+    b = _truncated_model(new_dir, layers)
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, a.config.vocab_size, (1, n_tokens), generator=g)
+    la, lb = a(tokens).logits, b(tokens).logits  # [1, n_tokens, V]
+    rel = float((la - lb).abs().max() / la.abs().max().clamp(min=1e-30))
+    stored = getattr(a.config, "torch_dtype", None) or torch.float32
+    stored = getattr(torch, stored) if isinstance(stored, str) else stored
+    tol = 1e-5 if stored == torch.float32 else 4 * torch.finfo(stored).eps
+    if not rel <= tol:
+        raise UAQError(f"UAQ invariance check failed: max relative logit difference {rel:.3e} > {tol:.1e}")
+    return {"max_rel_logit_diff": rel, "tolerance": tol, "verify_layers": a.config.num_hidden_layers}
+
+
+__all__ = ["ARCHITECTURES", "UAQError", "architecture_mapping", "transform", "verify_invariance"]

@@ -1,0 +1,136 @@
+"""verl plugin: the suite's policy losses in verl's registry, computed by suite.core.losses.
+
+Loaded by ``import verl`` in every process (driver, Ray workers, vLLM workers) through the
+``verl.plugins`` entry point in pyproject.toml (verl 0.9.1 ``verl/__init__.py`` loads every
+entry point of that group unless ``VERL_USE_EXTERNAL_PLUGINS=none``; a failing plugin is only
+logged at debug level, so verl then reports "Unsupported loss mode: acr").
+
+Registered loss modes (``actor_rollout_ref.actor.policy_loss.loss_mode``):
+``suite_naive``, ``acr``, ``tbpo``. verl calls a registered loss as
+
+    fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+
+with ``old_log_prob`` = log pi_prox (the full-precision actor's recomputed log-probs,
+decoupled mode) and ``rollout_is_weights`` = the token-level rollout-correction weights
+(``verl.trainer.ppo.rollout_corr_helper.compute_rollout_correction_weights``):
+``exp(clamp(log pi_prox - log pi_behav, -20, 20)) * mask``, then ``.clamp(max=threshold)``. It
+never hands the loss ``log pi_behav``. The translator sets ``rollout_is=token`` with threshold
+1e9 > exp(20), so the weight is never truncated and on valid tokens
+``log r = log(rollout_is_weights)``, ``log pi_behav = log pi_prox - log r`` exactly as far as the
+clamp allows (|log r| <= 20, the same clamp suite.core.losses applies). The suite's own cap
+C (``correction.tis_cap``) and the TBPO bands come in through environment variables
+(``SUITE_TIS_CAP``, ``SUITE_TBPO_*``) that the translator puts in Ray's runtime_env, because
+verl's ActorConfig has no field for them; clip ranges and the dual clip come from verl's
+``clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c``.
+
+Aggregation: suite.core.losses aggregates over the micro-batch it is given. Under data
+parallelism verl normalises by global counts (``config.global_batch_info``); the loss is rescaled
+by ``local count / global count * dp_size`` so the gradient equals verl's own aggregation.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from suite.core.losses import policy_loss
+
+ENV_KEYS = {
+    "tis_cap": "SUITE_TIS_CAP",
+    "tbpo_delta_pos": "SUITE_TBPO_DELTA_POS",
+    "tbpo_delta_neg_low": "SUITE_TBPO_DELTA_NEG_LOW",
+    "tbpo_delta_neg_high": "SUITE_TBPO_DELTA_NEG_HIGH",
+    "tbpo_seq_cap": "SUITE_TBPO_SEQ_CAP",
+}
+
+
+def _env_params(mode: str) -> dict[str, float]:
+    wanted = ("tis_cap",) if mode in ("acr",) else (tuple(k for k in ENV_KEYS if k.startswith("tbpo")) if mode == "tbpo" else ())
+    out = {}
+    for key in wanted:
+        var = ENV_KEYS[key]
+        value = os.environ.get(var)
+        if value is None:
+            raise RuntimeError(
+                f"suite loss mode {mode!r} needs the environment variable {var} (set by suite.verl.translate "
+                f"through +ray_kwargs.ray_init.runtime_env.env_vars.{var}); run verl through `suite run backend=verl`"
+            )
+        out[key] = float(value)
+    return out
+
+
+def behav_from_is_weights(old_log_prob: torch.Tensor, rollout_is_weights: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+    """log pi_behav recovered from verl's untruncated token IS weights (see module docstring)."""
+    if rollout_is_weights is None:
+        raise RuntimeError(
+            "suite loss modes need verl's rollout_is_weights: set algorithm.rollout_correction.rollout_is=token "
+            "and rollout_is_threshold=1e9 (suite.verl.translate does), with bypass_mode=false"
+        )
+    valid = mask.bool()
+    w = torch.where(valid, rollout_is_weights.to(old_log_prob.dtype), torch.ones_like(old_log_prob))  # [B, T]
+    return old_log_prob - torch.log(w)  # [B, T]; log pi_behav = log pi_prox - log r
+
+
+def _global_scale(mask: torch.Tensor, agg: str, config) -> float:
+    """verl normalises by global token / sequence counts under data parallelism (core_algos.agg_loss)."""
+    info = dict(getattr(config, "global_batch_info", None) or {})
+    dp = int(info.get("dp_size", 1) or 1)
+    m = mask.to(torch.float32)
+    if agg == "token-mean":
+        total = info.get("batch_num_tokens")
+        local = m.sum()
+    else:
+        total = info.get("global_batch_size")
+        local = (m.sum(-1) > 0).to(torch.float32).sum()
+    if total is None:
+        if dp > 1:
+            raise ValueError(f"verl gave dp_size={dp} without the global count for loss_agg_mode={agg!r}")
+        return 1.0
+    return float(local) / float(total) * dp
+
+
+def _suite_loss(mode: str, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
+    if config is None:
+        raise ValueError("verl passed no actor config to the suite policy loss")
+    behav = behav_from_is_weights(old_log_prob, rollout_is_weights, response_mask)
+    clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    loss, stats = policy_loss(
+        log_prob,
+        old_log_prob,
+        behav,
+        advantages,
+        response_mask,
+        mode=mode,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=config.get("clip_ratio_c", 3.0),
+        agg=loss_agg_mode,
+        **_env_params(mode),
+    )
+    return loss * _global_scale(response_mask, loss_agg_mode, config), stats
+
+
+def _register() -> None:
+    from verl.trainer.ppo.core_algos import register_policy_loss
+
+    @register_policy_loss("suite_naive")
+    def suite_naive(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+        """Naive: PPO clip anchored at the quantized rollout's log-probs (suite.core.losses mode naive)."""
+        return _suite_loss("naive", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+
+    @register_policy_loss("acr")
+    def acr(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+        """QuRL adaptive clipping range (suite.core.losses mode acr)."""
+        return _suite_loss("acr", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+
+    @register_policy_loss("tbpo")
+    def tbpo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+        """QaRL trust-band policy optimisation (suite.core.losses mode tbpo)."""
+        return _suite_loss("tbpo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+
+
+_register()
+
+__all__ = ["ENV_KEYS", "behav_from_is_weights"]

@@ -1,0 +1,322 @@
+"""Translate a suite run config into verl 0.9.1 ``main_ppo`` Hydra overrides (docs/verl.md).
+
+    verl_overrides(cfg) -> ["algorithm.adv_estimator=grpo", ...]
+    verl_command(cfg)   -> ["python3", "-m", "verl.trainer.main_ppo", *verl_overrides(cfg)]
+
+Every key is one of verl's own ``ppo_trainer.yaml`` (tests compose the overrides against it and
+run verl's ``validate_config``); keys verl does not declare carry Hydra's ``+`` prefix. The
+mapping, axis by axis:
+
+- algo: ppo -> ``adv_estimator=gae`` + critic; grpo -> ``grpo``, ``rollout.n`` = G, KL loss when
+  ``algo.kl_coef > 0``; dapo -> ``grpo`` with clip-higher, ``algorithm.filter_groups`` and verl's
+  ``dapo`` reward manager with the overlong buffer.
+- precision: bf16 -> nothing; fp8 -> ``rollout.quantization=fp8`` (verl's native, 128x128 blocks);
+  int8 / w4a16 -> our vLLM worker extension (suite.verl.int8_hook) that re-quantizes every weight
+  sync. ``rollout.calculate_log_probs=true`` always, so verl logs the ``rollout_corr/`` mismatch.
+- correction: tis -> verl's token-level rollout IS, threshold C; naive / acr / tbpo -> our
+  registered loss modes (suite.verl.plugin), which recover ``r = pi_prox / pi_behav`` from
+  verl's ``rollout_is_weights`` computed with a threshold that never truncates.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from omegaconf import DictConfig
+
+from suite.config import run_id
+
+# Loss modes registered with verl's register_policy_loss by suite.verl.plugin.
+SUITE_LOSS_MODES = {"naive": "suite_naive", "acr": "acr", "tbpo": "tbpo"}
+# rollout_is_threshold for the modes that need the raw r: verl clamps log r to +-20 before exp
+# (rollout_corr_helper.SAFETY_BOUND), so a weight never exceeds exp(20) ~ 4.85e8 < 1e9.
+NEVER_TRUNCATE = 1e9
+# verl always applies the dual clip (clip_ratio_c); with algo.dual_clip = null we set a bound no
+# ratio reaches (ratios are exp(clamp(., +-20)) <= 4.85e8), which is the same as "off".
+DUAL_CLIP_OFF = 1e9
+# Environment variables the plugin reads in every Ray worker (set through ray's runtime_env).
+LOSS_ENV = ("SUITE_TIS_CAP", "SUITE_TBPO_DELTA_POS", "SUITE_TBPO_DELTA_NEG_LOW", "SUITE_TBPO_DELTA_NEG_HIGH", "SUITE_TBPO_SEQ_CAP")
+ROLLOUT_QUANT_ENV = "SUITE_ROLLOUT_QUANT"  # int8 | w4a16: read by suite.verl.int8_hook in the vLLM workers
+KL_TYPES = {"k1": "k1", "k2": "k2", "k3": "low_var_kl"}  # suite algo.kl_estimator -> verl kl_loss_type
+ADV_ESTIMATORS = {"ppo": "gae", "grpo": "grpo", "dapo": "grpo"}
+WORKER_EXTENSION = "suite.verl.int8_hook.QuantizedWeightSyncExtension"
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:@-]+$")
+
+
+def _q(value: str) -> str:
+    """A string as a Hydra override value: bare when safe, else single-quoted (escaped)."""
+    if _PLAIN.match(value) and value not in ("null", "true", "false") and not re.match(r"^[-+.\d]", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _f(x: float) -> str:
+    return repr(float(x))
+
+
+def _files(value: str) -> str:
+    paths = [p.strip() for p in value.split(",") if p.strip()]
+    return "[" + ",".join(_q(p) for p in paths) + "]"
+
+
+def uaq_model_dir(cfg: DictConfig) -> str:
+    """Where the UAQ-transformed model lives: a sibling of ``backend.model_path`` (shared by runs).
+
+    With ``uaq.s == 1`` the original directory is used as is.
+    """
+    path = os.path.normpath(cfg.backend.model_path)
+    if cfg.uaq.s == 1.0:
+        return path
+    return f"{path}-uaq-s{cfg.uaq.s:g}"
+
+
+def loss_env(cfg: DictConfig) -> dict[str, str]:
+    """Parameters of the suite loss modes that verl's ActorConfig has no field for."""
+    c = cfg.correction
+    values = (c.tis_cap, c.tbpo_delta_pos, c.tbpo_delta_neg_low, c.tbpo_delta_neg_high, c.tbpo_seq_cap)
+    env = {k: _f(v) for k, v in zip(LOSS_ENV, values)}
+    if cfg.quant.precision in ("int8", "w4a16"):
+        env[ROLLOUT_QUANT_ENV] = cfg.quant.precision
+        env["SUITE_W4_GROUP_SIZE"] = str(cfg.quant.group_size)
+        env["SUITE_W4_SYMMETRIC"] = "1" if cfg.quant.symmetric else "0"
+    return env
+
+
+def mlflow_names(cfg: DictConfig) -> tuple[str, str]:
+    """(experiment, run name): verl's ``trainer.project_name`` / ``trainer.experiment_name``."""
+    return cfg.tracking.experiment, (cfg.tracking.run_name or run_id(cfg))
+
+
+def default_run_dir(cfg: DictConfig) -> str:
+    """``<out_dir>/<run_id>``, absolute: where `suite run` and `suite sweep` put this run."""
+    return os.path.abspath(os.path.join(os.path.expanduser(cfg.out_dir), run_id(cfg)))
+
+
+def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
+    """verl 0.9.1 ``main_ppo`` overrides that run ``cfg`` (a composed, validated suite config).
+
+    verl checkpoints (and resumes from) ``<run_dir>/checkpoints``; ``run_dir`` defaults to
+    :func:`default_run_dir`.
+    """
+    if cfg.backend.name != "verl":
+        raise ValueError(f"backend.name={cfg.backend.name!r}: verl overrides need backend=verl")
+    b, a, r, c, t = cfg.backend, cfg.algo, cfg.rollout, cfg.correction, cfg.train
+    algo, mode, precision = a.name, c.mode, cfg.quant.precision
+    model = uaq_model_dir(cfg)
+    experiment, run_name = mlflow_names(cfg)
+    ar = "actor_rollout_ref"
+    o: list[str] = [
+        # algorithm
+        f"algorithm.adv_estimator={ADV_ESTIMATORS[algo]}",
+        f"algorithm.norm_adv_by_std_in_grpo={str(bool(a.norm_adv_by_std)).lower()}",
+        f"algorithm.gamma={_f(a.gamma)}",
+        f"algorithm.lam={_f(a.lam if algo == 'ppo' else 1.0)}",
+        "algorithm.use_kl_in_reward=false",
+        # data: local parquet, prompts per step, token budgets
+        f"data.train_files={_files(b.train_files)}",
+        f"data.val_files={_files(b.val_files)}",
+        f"data.train_batch_size={r.prompts_per_step}",
+        f"data.max_prompt_length={b.max_prompt_length}",
+        f"data.max_response_length={r.max_new_tokens}",
+        "data.filter_overlong_prompts=true",
+        "data.truncation=error",
+        f"data.seed={cfg.seed}",
+        # model (UAQ-transformed copy when uaq.s != 1)
+        f"{ar}.model.path={_q(model)}",
+        # actor
+        f"{ar}.actor.optim.lr={_f(t.lr)}",
+        f"{ar}.actor.optim.weight_decay={_f(t.weight_decay)}",
+        f"{ar}.actor.optim.betas=[{_f(t.betas[0])},{_f(t.betas[1])}]",
+        f"{ar}.actor.optim.clip_grad={_f(t.grad_clip)}",
+        f"{ar}.actor.ppo_epochs={t.epochs}",
+        f"{ar}.actor.ppo_mini_batch_size={r.prompts_per_step // t.minibatches}",
+        f"{ar}.actor.ppo_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
+        f"{ar}.actor.clip_ratio_low={_f(a.clip_low)}",
+        f"{ar}.actor.clip_ratio_high={_f(a.clip_high)}",
+        f"{ar}.actor.clip_ratio_c={_f(a.dual_clip if a.dual_clip is not None else DUAL_CLIP_OFF)}",
+        f"{ar}.actor.loss_agg_mode={a.agg}",
+        f"{ar}.actor.use_kl_loss={str(a.kl_coef > 0).lower()}",
+        f"{ar}.actor.kl_loss_coef={_f(a.kl_coef)}",
+        f"{ar}.actor.kl_loss_type={KL_TYPES[a.kl_estimator]}",
+        f"{ar}.actor.entropy_coeff=0.0",
+        f"{ar}.actor.data_loader_seed={cfg.seed}",
+        f"{ar}.actor.policy_loss.loss_mode={SUITE_LOSS_MODES.get(mode, 'vanilla')}",
+        # rollout: vLLM, G samples per prompt, rollout log-probs always (mismatch metrics)
+        f"{ar}.rollout.name=vllm",
+        f"{ar}.rollout.n={a.group_size}",
+        f"{ar}.rollout.temperature={_f(r.temperature)}",
+        f"{ar}.rollout.top_p={_f(r.top_p)}",
+        f"{ar}.rollout.calculate_log_probs=true",
+        f"{ar}.rollout.tensor_model_parallel_size={b.tensor_parallel_size}",
+        f"{ar}.rollout.gpu_memory_utilization={_f(b.gpu_memory_utilization)}",
+        f"{ar}.rollout.max_num_batched_tokens={b.max_num_batched_tokens}",
+        f"{ar}.rollout.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
+        f"{ar}.rollout.val_kwargs.temperature={_f(r.eval_temperature)}",
+        f"{ar}.rollout.val_kwargs.do_sample={str(r.eval_temperature > 0).lower()}",
+        f"{ar}.rollout.seed={cfg.seed}",
+        f"{ar}.ref.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
+    ]
+    # precision
+    if precision == "fp8":
+        o.append(f"{ar}.rollout.quantization=fp8")
+    elif precision in ("int8", "w4a16"):
+        o.append(f"+{ar}.rollout.engine_kwargs.vllm.worker_extension_cls={WORKER_EXTENSION}")
+        if precision == "int8":
+            # vLLM's compressed-tensors W8A8 INT8: per-channel int8 weights, dynamic per-token activations
+            o.append(f"+{ar}.rollout.engine_kwargs.vllm.quantization=compressed-tensors")
+            o.append(f"+{ar}.rollout.engine_kwargs.vllm.hf_overrides={_hydra_value({'quantization_config': W8A8_QUANT_CONFIG})}")
+    # correction: token-level rollout IS; TIS truncates at C, the suite modes need the raw r
+    if mode == "tis":
+        o += ["algorithm.rollout_correction.rollout_is=token", f"algorithm.rollout_correction.rollout_is_threshold={_f(c.tis_cap)}"]
+    elif mode in SUITE_LOSS_MODES:
+        o += ["algorithm.rollout_correction.rollout_is=token", f"algorithm.rollout_correction.rollout_is_threshold={_f(NEVER_TRUNCATE)}"]
+    o += ["algorithm.rollout_correction.bypass_mode=false", "algorithm.rollout_correction.rollout_is_batch_normalize=false"]
+    # algorithm specifics
+    if algo == "ppo":
+        o += [
+            "critic.enable=true",
+            f"critic.model.path={_q(model)}",
+            f"critic.optim.lr={_f(a.critic_lr)}",
+            f"critic.cliprange_value={_f(a.value_clip)}",
+            f"critic.ppo_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
+        ]
+    if a.dynamic_sampling:
+        o += [
+            "algorithm.filter_groups.enable=true",
+            "algorithm.filter_groups.metric=acc",
+            f"algorithm.filter_groups.max_num_gen_batches={a.max_resample_rounds + 1}",
+        ]
+    if algo == "dapo":
+        o.append("reward.reward_manager.name=dapo")
+        if a.overlong_buffer > 0:
+            o += [
+                "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+                f"+reward.reward_kwargs.overlong_buffer_cfg.len={a.overlong_buffer}",
+                f"+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor={_f(a.overlong_penalty)}",
+                "+reward.reward_kwargs.overlong_buffer_cfg.log=true",
+                f"+reward.reward_kwargs.max_resp_len={r.max_new_tokens}",
+            ]
+    if b.reward_fn_path:
+        o += [f"reward.custom_reward_function.path={_q(b.reward_fn_path)}", "reward.custom_reward_function.name=compute_score"]
+    # loss parameters verl has no field for, and the rollout quantizer: env of every Ray worker
+    for k, v in loss_env(cfg).items():
+        o.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_q(v)}")
+    # trainer: steps, cadence, cluster shape, logging to the same MLflow as embedded runs
+    o += [
+        f"trainer.total_training_steps={cfg.steps}",
+        f"trainer.test_freq={cfg.eval_every}",
+        f"trainer.save_freq={cfg.ckpt_every}",
+        "trainer.val_before_train=true",
+        "trainer.resume_mode=auto",
+        f"trainer.nnodes={b.nnodes}",
+        f"trainer.n_gpus_per_node={b.n_gpus_per_node}",
+        "trainer.logger=[console,mlflow]",
+        f"trainer.project_name={_q(experiment)}",
+        f"trainer.experiment_name={_q(run_name)}",
+        f"trainer.default_local_dir={_q(os.path.join(os.path.abspath(run_dir or default_run_dir(cfg)), 'checkpoints'))}",
+    ]
+    return o + list(b.extra_overrides)
+
+
+def verl_command(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
+    """argv that runs ``cfg`` with verl: ``python3 -m verl.trainer.main_ppo OVERRIDES...``."""
+    return [cfg.backend.python, "-m", "verl.trainer.main_ppo", *verl_overrides(cfg, run_dir)]
+
+
+# vLLM compressed-tensors config for W8A8 INT8 (the scheme llm-compressor writes for "W8A8"
+# int8): symmetric per-output-channel int8 weights, dynamic per-token int8 activations.
+W8A8_QUANT_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "int-quantized",
+    "ignore": ["lm_head"],
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
+        }
+    },
+}
+
+
+def _hydra_value(obj) -> str:
+    """A Python dict / list / scalar in Hydra's override grammar."""
+    if isinstance(obj, dict):
+        return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in obj.items()) + "}"
+    if isinstance(obj, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in obj) + "]"
+    if isinstance(obj, bool):
+        return str(obj).lower()
+    if isinstance(obj, (int, float)):
+        return repr(obj)
+    return _q(str(obj))
+
+
+def compose_verl_config(overrides: list[str]) -> DictConfig:
+    """Compose verl's own ``ppo_trainer`` config with ``overrides`` (unknown keys fail)."""
+    try:
+        import verl
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("the verl backend needs verl: pip install -e '.[verl]'") from exc
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            return compose(config_name="ppo_trainer", overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+class VerlConfigComposer:
+    """Compose many override lists against verl's ``ppo_trainer`` quickly (dry runs, tests).
+
+    verl's defaults list is composed once; each override list is then applied to a copy with
+    Hydra's own override code (``ConfigLoaderImpl._apply_overrides_to_config``, hydra-core 1.3.8),
+    which is what ``compose`` does after the defaults list. The translator emits no config-group
+    overrides, so the result equals a full compose (tests check both on the same cells).
+    """
+
+    def __init__(self) -> None:
+        self.base = compose_verl_config([])
+
+    def compose(self, overrides: list[str]) -> DictConfig:
+        import copy
+
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        cfg = copy.deepcopy(self.base)
+        ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(list(overrides)), cfg)
+        return cfg
+
+
+def validate_verl_config(vcfg: DictConfig) -> None:
+    """verl's own check (verl.utils.config.validate_config), as ``main_ppo.main`` calls it."""
+    import warnings
+
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "Disabled critic as adv_estimator != gae"
+        validate_config(config=vcfg, use_reference_policy=need_reference_policy(vcfg), use_critic=need_critic(vcfg))
+
+
+__all__ = [
+    "NEVER_TRUNCATE",
+    "VerlConfigComposer",
+    "W8A8_QUANT_CONFIG",
+    "compose_verl_config",
+    "default_run_dir",
+    "loss_env",
+    "mlflow_names",
+    "uaq_model_dir",
+    "validate_verl_config",
+    "verl_command",
+    "verl_overrides",
+]

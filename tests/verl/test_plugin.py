@@ -1,0 +1,135 @@
+"""The suite's policy losses in verl's registry equal suite.core.losses (real verl 0.9.1, CPU).
+
+verl hands a registered loss only log pi_prox (old_log_prob) and its rollout-IS weights; the
+weights here are made by verl's own ``compute_rollout_correction_weights`` with the translator's
+settings (token level, threshold 1e9), exactly as in a verl run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl]'")
+pytestmark = pytest.mark.verl
+
+from suite.core.losses import policy_loss  # noqa: E402
+from suite.verl.translate import NEVER_TRUNCATE, loss_env  # noqa: E402
+
+MODES = {"suite_naive": "naive", "acr": "acr", "tbpo": "tbpo"}
+
+
+@pytest.fixture(scope="module")
+def verl_api():
+    import verl  # noqa: F401  (loads the suite plugin through the verl.plugins entry point)
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+    from verl.workers.config import FSDPActorConfig
+
+    return POLICY_LOSS_REGISTRY, get_policy_loss_fn, compute_rollout_correction_weights, FSDPActorConfig
+
+
+@pytest.fixture
+def loss_env_vars(monkeypatch):
+    from suite.config import compose_config
+
+    cfg = compose_config(["correction.tis_cap=1.5", "correction.tbpo_delta_pos=0.01",
+                          "correction.tbpo_delta_neg_low=0.01", "correction.tbpo_delta_neg_high=0.03"])
+    env = loss_env(cfg)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return cfg
+
+
+def _batch(seed: int, B: int = 6, T: int = 9):
+    g = torch.Generator().manual_seed(seed)
+    prox = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3  # log pi_prox  [B, T]
+    behav = prox + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)  # log pi_behav: r spread over both sides of 1
+    logp = prox + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64)  # log pi_theta
+    adv = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T).clone()  # outcome advantages [B, T]
+    adv[0] = -adv[0].abs()  # at least one negative and one positive sequence
+    adv[1] = adv[1].abs()
+    lengths = torch.tensor([T, T - 2, 3, T, 1, T - 4])[:B]
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(torch.float64)  # [B, T] right-padded
+    return logp, prox, behav, adv, mask
+
+
+def _actor_config(FSDPActorConfig, clip_c: float, agg: str):
+    return FSDPActorConfig(strategy="fsdp", rollout_n=4, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=1,
+                           clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=clip_c, loss_agg_mode=agg)
+
+
+def test_registered_after_import_verl(verl_api):
+    registry, *_ = verl_api
+    for name in MODES:
+        assert name in registry, f"{name} missing from verl's POLICY_LOSS_REGISTRY: {sorted(registry)}"
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("verl_name", list(MODES))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_registry_equals_core_losses(verl_api, loss_env_vars, verl_name, agg, seed):
+    _, get_fn, rc_weights, FSDPActorConfig = verl_api
+    cfg = loss_env_vars
+    logp, prox, behav, adv, mask = _batch(seed)
+    logp = logp.clone().requires_grad_(True)
+    weights, _ = rc_weights(prox - behav, mask, rollout_is="token", rollout_is_threshold=NEVER_TRUNCATE)
+    actor = _actor_config(FSDPActorConfig, 3.0, agg)
+    loss, stats = get_fn(verl_name)(prox, logp, adv, mask, loss_agg_mode=agg, config=actor, rollout_is_weights=weights)
+    (grad,) = torch.autograd.grad(loss, logp)
+
+    logp2 = logp.detach().clone().requires_grad_(True)
+    c = cfg.correction
+    ref, ref_stats = policy_loss(
+        logp2, prox, behav, adv, mask, mode=MODES[verl_name], clip_low=0.2, clip_high=0.28, dual_clip=3.0, agg=agg,
+        tis_cap=c.tis_cap, tbpo_delta_pos=c.tbpo_delta_pos, tbpo_delta_neg_low=c.tbpo_delta_neg_low,
+        tbpo_delta_neg_high=c.tbpo_delta_neg_high, tbpo_seq_cap=c.tbpo_seq_cap,
+    )
+    (ref_grad,) = torch.autograd.grad(ref, logp2)
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(grad, ref_grad)
+    assert stats.keys() == ref_stats.keys()
+    for k in ref_stats:
+        assert stats[k] == pytest.approx(ref_stats[k], rel=1e-9, abs=1e-12), k
+    # the batch exercises the modes: clipping and (for acr) both sides of r = 1 occur
+    assert ref_stats["actor/pg_clipfrac"] > 0
+    if verl_name == "acr":
+        assert 0 < ref_stats["actor/acr_relaxed_frac"] < 1 and ref_stats["rollout_corr/rollout_is_ratio_fraction_high"] > 0
+
+
+def test_tis_translation_is_verl_vanilla(verl_api):
+    """correction=tis runs verl's own vanilla loss with rollout_is=token, threshold C: equal to ours."""
+    _, get_fn, rc_weights, FSDPActorConfig = verl_api
+    logp, prox, behav, adv, mask = _batch(3)
+    weights, _ = rc_weights(prox - behav, mask, rollout_is="token", rollout_is_threshold=2.0)
+    actor = _actor_config(FSDPActorConfig, 3.0, "token-mean")
+    loss, _ = get_fn("vanilla")(prox, logp, adv, mask, loss_agg_mode="token-mean", config=actor, rollout_is_weights=weights)
+    ref, _ = policy_loss(logp, prox, behav, adv, mask, mode="tis", clip_low=0.2, clip_high=0.28, dual_clip=3.0, tis_cap=2.0)
+    torch.testing.assert_close(loss, ref)
+
+
+def test_data_parallel_scaling_matches_verl(verl_api, loss_env_vars):
+    """Under dp > 1 verl normalises by global counts; with r = 1 ACR is verl's vanilla, so the two agree."""
+    _, get_fn, rc_weights, FSDPActorConfig = verl_api
+    logp, prox, _, adv, mask = _batch(4)
+    weights, _ = rc_weights(torch.zeros_like(prox), mask, rollout_is="token", rollout_is_threshold=NEVER_TRUNCATE)
+    for agg, info in (("token-mean", {"dp_size": 4, "batch_num_tokens": 3 * int(mask.sum())}),
+                      ("seq-mean-token-mean", {"dp_size": 2, "global_batch_size": 15})):
+        actor = _actor_config(FSDPActorConfig, 3.0, agg)
+        actor.global_batch_info.update(info)
+        ours, _ = get_fn("acr")(prox, logp, adv, mask, loss_agg_mode=agg, config=actor, rollout_is_weights=weights)
+        theirs, _ = get_fn("vanilla")(prox, logp, adv, mask, loss_agg_mode=agg, config=actor, rollout_is_weights=None)
+        torch.testing.assert_close(ours, theirs.to(ours.dtype), rtol=1e-6, atol=1e-12)  # verl adds 1e-8 to seq lengths
+        assert float(ours) != pytest.approx(float(policy_loss(logp, prox, prox, adv, mask, mode="acr", clip_low=0.2, clip_high=0.28,
+                                                              dual_clip=3.0, agg=agg)[0]))  # the scaling did something
+
+
+def test_missing_weights_or_env_is_a_clear_error(verl_api, monkeypatch):
+    _, get_fn, _, FSDPActorConfig = verl_api
+    logp, prox, behav, adv, mask = _batch(5)
+    actor = _actor_config(FSDPActorConfig, 3.0, "token-mean")
+    with pytest.raises(RuntimeError, match="rollout_is=token"):
+        get_fn("acr")(prox, logp, adv, mask, config=actor, rollout_is_weights=None)
+    monkeypatch.delenv("SUITE_TIS_CAP", raising=False)
+    with pytest.raises(RuntimeError, match="SUITE_TIS_CAP"):
+        get_fn("acr")(prox, logp, adv, mask, config=actor, rollout_is_weights=torch.ones_like(prox))

@@ -1,0 +1,148 @@
+"""The verl runner up to the process it starts, and the INT8 hook's no-GPU error.
+
+verl + vLLM need GPUs, so `run()` is exercised with its `execute` step replaced by a stand-in
+that does what main_ppo's MLflow logger does (attach to MLFLOW_RUN_ID, log val-core metrics):
+a test double for the GPU job only; the MLflow store, UAQ copy and scripts are real.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+
+import pytest
+import torch
+
+from suite.config import compose_config
+from suite.verl.runner import Allocation, node_script, run, slurm_allocation
+from suite.verl.translate import uaq_model_dir, verl_command
+
+
+@pytest.fixture(scope="module")
+def mlflow_db(tmp_path_factory):
+    return tmp_path_factory.mktemp("mlflow") / "mlflow.db"  # one store: its schema migration takes seconds
+
+
+@pytest.fixture
+def verl_cfg(tiny_qwen2, tmp_path, mlflow_db):
+    def make(*extra):
+        return compose_config([
+            "backend=verl", f"backend.model_path={tiny_qwen2}", f"backend.train_files={tmp_path / 'train.parquet'}",
+            f"backend.val_files={tmp_path / 'val.parquet'}", f"out_dir={tmp_path / 'runs'}",
+            f"tracking.tracking_uri=sqlite:///{mlflow_db}", "tracking.experiment=verl-test", *extra,
+        ])
+    return make
+
+
+def test_two_node_scripts(verl_cfg, tmp_path):
+    cfg = verl_cfg("backend.nnodes=2", "quant=int8", "uaq.s=1.0")
+    alloc = slurm_allocation({"SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_NODEID": "0", "SLURM_CPUS_PER_TASK": "96",
+                              "SLURM_JOB_ID": "77"}, hostnames=lambda nl: ["gpu01", "gpu02"] if nl == "gpu[01-02]" else [])
+    assert alloc == Allocation(nodes=("gpu01", "gpu02"), node_rank=0, cpus_per_node=96, job_id="77")
+    run_dir = str(tmp_path / "r")
+    head = node_script(cfg, run_dir, alloc, "abc123")
+    worker = node_script(cfg, run_dir, Allocation(alloc.nodes, 1, 96, "77"), "abc123")
+    for text in (head, worker):
+        subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # valid bash
+        assert "export MLFLOW_RUN_ID=abc123" in text and "export SUITE_ROLLOUT_QUANT=int8" in text
+        assert "export HEAD_HOST=gpu01" in text and "export NNODES=2" in text and "export GPUS_PER_NODE=8" in text
+    assert 'ray start --head --node-ip-address="$HEAD_IP" --port="$RAY_PORT" --num-gpus="$GPUS_PER_NODE"' in head
+    assert "alive >= want" in head and 'export RAY_ADDRESS="$HEAD_IP:$RAY_PORT"' in head
+    assert head.rstrip().endswith(shlex.join(verl_command(cfg, run_dir)))  # the main_ppo line is the translator's
+    assert f"trainer.default_local_dir={tmp_path / 'r' / 'checkpoints'}" in head
+    assert 'ray start --address="$HEAD_IP:$RAY_PORT"' in worker and "--block" in worker
+    assert "main_ppo" not in worker and "--head" not in worker
+
+
+def test_allocation_errors(verl_cfg, tmp_path):
+    with pytest.raises(RuntimeError, match="SLURM_JOB_NODELIST"):
+        slurm_allocation({})
+    cfg = verl_cfg("backend.nnodes=4")
+    with pytest.raises(RuntimeError, match="backend.nnodes=4 but the SLURM allocation has 2 nodes"):
+        run(cfg, str(tmp_path / "r"), env={"SLURM_JOB_NODELIST": "x"}, hostnames=lambda _: ["a", "b"],
+            execute=lambda *a: pytest.fail("must not start anything"))
+
+
+def test_run_single_node_end_to_end(verl_cfg, tmp_path):
+    """run(): UAQ copy, MLflow run with tags + parent, main_ppo argv and env, summary from MLflow, resume."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    cfg = verl_cfg("quant=fp8", "correction=acr", "uaq.s=1.5", "+tracking.tags.sweep=verltest")
+    uri = cfg.tracking.tracking_uri
+    client = MlflowClient(uri)
+    parents = client.get_experiment_by_name("parents")
+    parent = client.create_run(parents.experiment_id if parents else client.create_experiment("parents")).info.run_id
+    cfg.tracking.parent_run_id = parent
+    run_dir = str(tmp_path / "runs" / "cell0")
+    seen = {}
+
+    def fake_verl(argv, log_path, env):  # what verl's MLflow logger does when main_ppo runs
+        seen.update(argv=argv, env=dict(env), log=log_path)
+        mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+        with mlflow.start_run(run_id=env["MLFLOW_RUN_ID"]):
+            for step, acc in ((0, 0.25), (2, 0.5), (4, 0.625)):
+                mlflow.log_metric("val-core/gsm8k/acc/mean_at_1", acc, step=step)
+                mlflow.log_metric("val-core/gsm8k/reward/mean_at_1", acc - 1, step=step)
+        return 0
+
+    summary = run(cfg, run_dir, env={}, execute=fake_verl)
+    assert summary["baseline_acc"] == 0.25 and summary["final_acc"] == 0.625 and summary["delta_acc"] == 0.375
+    assert summary["already_finished"] is False and summary["metric_keys"] == ["val-core/gsm8k/acc/mean_at_1"]
+    assert seen["argv"] == verl_command(cfg, run_dir)
+    assert f"actor_rollout_ref.model.path={uaq_model_dir(cfg)}" in seen["argv"]
+    assert json.loads((tmp_path / "runs" / "cell0" / "summary.json").read_text())["final_acc"] == 0.625
+    # the UAQ copy was made (and verified) before launch
+    with open(f"{uaq_model_dir(cfg)}/uaq.json") as fh:
+        uaq_meta = json.load(fh)
+    assert uaq_meta["s"] == 1.5 and uaq_meta["max_rel_logit_diff"] < 1e-5
+    # the MLflow run verl logged into carries the axes, the sweep tag and the parent
+    env = seen["env"]
+    assert env["SUITE_TIS_CAP"] == "2.0" and env["MLFLOW_TRACKING_URI"] == uri
+    info = MlflowClient(uri).get_run(env["MLFLOW_RUN_ID"])
+    tags = info.data.tags
+    assert tags["mlflow.parentRunId"] == parent and tags["sweep"] == "verltest"
+    assert (tags["backend"], tags["precision"], tags["correction"], tags["uaq_s"]) == ("verl", "fp8", "acr", "1.5")
+    assert info.info.experiment_id == MlflowClient(uri).get_experiment_by_name("verl-test").experiment_id
+    # a second call finds the finished run and starts nothing
+    again = run(cfg, run_dir, env={}, execute=lambda *a: pytest.fail("must not start anything"))
+    assert again["already_finished"] is True and again["final_acc"] == 0.625
+
+
+def test_run_failure_names_the_log(verl_cfg, tmp_path):
+    cfg = verl_cfg("quant=bf16", "uaq.s=1.0")
+    with pytest.raises(RuntimeError, match=r"verl exited with status 3; see .*verl.log"):
+        run(cfg, str(tmp_path / "r"), env={}, execute=lambda *a: 3)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where no GPU is present")
+def test_int8_hook_without_gpu_is_a_clear_error():
+    from suite.verl.int8_hook import NoGPUError, fake_quant_w4a16, is_quantized_linear, requantize_int8
+
+    w = [("model.layers.0.mlp.up_proj.weight", torch.randn(8, 16))]
+    with pytest.raises(NoGPUError, match=r"needs a CUDA GPU.*slurm/gpu_check.sh.*quant=bf16\|fp8"):
+        list(requantize_int8(w))
+    with pytest.raises(NoGPUError, match="W4A16 rollout"):
+        list(fake_quant_w4a16(w))
+    assert is_quantized_linear("model.layers.3.self_attn.q_proj.weight")
+    assert not is_quantized_linear("lm_head.weight") and not is_quantized_linear("model.layers.0.self_attn.q_proj.bias")
+
+
+def test_worker_node_joins_and_returns_the_heads_summary(verl_cfg, tmp_path):
+    cfg = verl_cfg("backend.nnodes=2", "quant=bf16", "uaq.s=1.0")
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "mlflow_run.json").write_text(json.dumps({"run_id": "r1"}))
+    seen = {}
+
+    def ray_worker(argv, log_path, env):  # the worker's Ray blocks until the head finished
+        seen["script"] = open(argv[1]).read()
+        (run_dir / "summary.json").write_text(json.dumps({"baseline_acc": 0.1, "final_acc": 0.3, "delta_acc": 0.2}))
+        return 0
+
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NODEID": "1", "SLURM_CPUS_PER_TASK": "4"}
+    out = run(cfg, str(run_dir), env=env, execute=ray_worker, hostnames=lambda _: ["n1", "n2"])
+    assert out == {"baseline_acc": 0.1, "final_acc": 0.3, "delta_acc": 0.2, "already_finished": False}
+    assert "export MLFLOW_RUN_ID=r1" in seen["script"] and "--block" in seen["script"]
+    assert not (run_dir / "verl_node0.sh").exists()  # node 1 never starts the head

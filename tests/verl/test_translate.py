@@ -1,0 +1,228 @@
+"""Every verl cell of the paper sweeps composes against verl's own ppo_trainer config and passes
+verl's validate_config (real verl 0.9.1 on CPU; a tiny local Qwen2 model directory)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl]'")
+pytestmark = pytest.mark.verl
+
+from suite.config import ConfigError, compose_config  # noqa: E402
+from suite.verl.translate import (  # noqa: E402
+    NEVER_TRUNCATE,
+    W8A8_QUANT_CONFIG,
+    VerlConfigComposer,
+    compose_verl_config,
+    uaq_model_dir,
+    validate_verl_config,
+    verl_command,
+    verl_overrides,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SWEEPS = ("main_table.yaml", "ablation_uaq.yaml", "qarl_tbpo.yaml")
+# Keys whose values differ between seeds / runs of one structural cell.
+PER_RUN_KEYS = ("data.seed", "actor_rollout_ref.actor.data_loader_seed", "actor_rollout_ref.rollout.seed",
+                "trainer.experiment_name", "trainer.default_local_dir")
+
+
+@pytest.fixture(scope="module")
+def verl_paths(tiny_qwen2, tmp_path_factory):
+    """backend=verl overrides pointing at the tiny model and (empty) local parquet paths."""
+    data = tmp_path_factory.mktemp("data")
+    for name in ("train.parquet", "val.parquet"):
+        (data / name).write_bytes(b"")
+    return [
+        "backend=verl",
+        f"backend.model_path={tiny_qwen2}",
+        f"backend.train_files={data / 'train.parquet'}",
+        f"backend.val_files={data / 'val.parquet'}",
+        f"out_dir={tmp_path_factory.mktemp('runs')}",
+    ]
+
+
+def _cells(name: str, verl_base: list[str]):
+    """[(label, composed cfg or the ConfigError it raised)] for every cell of experiments/<name>
+    with the backend=verl overrides appended.
+
+    The sweep loader (suite.sweep.spec.load_sweep) expands the file's own matrix / include /
+    exclude rules and composes every cell with ``backend=verl`` as an extra override. A file
+    with cells verl must refuse (the QaRL aligned forward) fails to load as a whole, so its
+    cells are expanded without the extra overrides and composed one by one.
+    """
+    from suite.sweep.compose import CellComposer
+    from suite.sweep.spec import SweepError, load_sweep
+
+    path = REPO / "experiments" / name
+    try:
+        sweep = load_sweep(path, verl_base)
+        return [(f"{name}#{c.index}", c.cfg) for c in sweep.cells]
+    except SweepError as exc:
+        if "correction.aligned_forward" not in str(exc):
+            raise
+    composer, out = CellComposer(), []
+    for c in load_sweep(path, []).cells:
+        try:
+            out.append((f"{name}#{c.index}", composer.compose(list(c.overrides) + verl_base)))
+        except ConfigError as exc:
+            out.append((f"{name}#{c.index}", exc))
+    return out
+
+
+@pytest.fixture(scope="module")
+def uaq_siblings(tiny_qwen2):
+    """UAQ copies of the tiny model for the s values the sweeps use (PPO's critic loads the model config)."""
+    from suite.verl.hf_uaq import transform
+
+    def make(cfg):
+        dst = uaq_model_dir(cfg)
+        if not os.path.isdir(dst):
+            transform(tiny_qwen2, dst, cfg.uaq.s, verify_layers=1, log=lambda *_: None)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def composer():
+    return VerlConfigComposer()
+
+
+def _structural(overrides: list[str]) -> tuple[str, ...]:
+    return tuple(o for o in overrides if o.split("=", 1)[0].lstrip("+") not in PER_RUN_KEYS)
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_every_sweep_cell_composes_and_validates(name, verl_paths, composer, uaq_siblings):
+    """Each cell + backend=verl: verl overrides compose against ppo_trainer and pass validate_config.
+
+    Cells with the QaRL rollout-aligned forward (not plugged into verl's actor) must be refused
+    by suite.config.validate with an error naming the key, before anything is submitted.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not (REPO / "experiments" / name).is_file():
+        pytest.fail(f"experiments/{name} is missing")
+    parser = OverridesParser.create()
+    checked: dict[tuple[str, ...], str] = {}
+    cells = _cells(name, verl_paths)
+    refused = 0
+    for label, cfg in cells:
+        if isinstance(cfg, ConfigError):
+            assert "correction.aligned_forward" in str(cfg), f"{label}: {cfg}"
+            refused += 1
+            continue
+        assert cfg.backend.name == "verl"
+        ov = verl_overrides(cfg)
+        parser.parse_overrides(ov)  # every cell's overrides are valid Hydra syntax
+        assert len({o.split("=", 1)[0] for o in ov}) == len(ov), f"{label}: a key is set twice"
+        key = _structural(ov)
+        if key in checked:
+            continue
+        uaq_siblings(cfg)
+        vcfg = composer.compose(ov)
+        validate_verl_config(vcfg)
+        _check_semantics(cfg, vcfg, label)
+        checked[key] = label
+    assert len(checked) >= 3 and len(checked) + refused <= len(cells)
+    print(f"{name}: {len(cells)} cells, {len(checked)} distinct verl configs validated, {refused} refused (aligned forward)")
+
+
+def _check_semantics(cfg, v, label):
+    """The composed verl config carries what the suite config means (values read back from verl's tree)."""
+    a, c, q = cfg.algo, cfg.correction, cfg.quant.precision
+    ar = v.actor_rollout_ref
+    assert v.algorithm.adv_estimator == {"ppo": "gae", "grpo": "grpo", "dapo": "grpo"}[a.name], label
+    assert ar.rollout.n == a.group_size and ar.rollout.calculate_log_probs is True, label
+    assert ar.actor.clip_ratio_low == a.clip_low and ar.actor.clip_ratio_high == a.clip_high, label
+    assert ar.actor.loss_agg_mode == a.agg, label
+    assert ar.model.path == uaq_model_dir(cfg) and v.trainer.total_training_steps == cfg.steps, label
+    assert list(v.trainer.logger) == ["console", "mlflow"] and v.trainer.project_name == cfg.tracking.experiment, label
+    rc = v.algorithm.rollout_correction
+    if c.mode == "tis":
+        assert (rc.rollout_is, rc.rollout_is_threshold, ar.actor.policy_loss.loss_mode) == ("token", c.tis_cap, "vanilla"), label
+    else:
+        assert (rc.rollout_is, rc.rollout_is_threshold) == ("token", NEVER_TRUNCATE), label
+        assert ar.actor.policy_loss.loss_mode == {"naive": "suite_naive", "acr": "acr", "tbpo": "tbpo"}[c.mode], label
+    assert rc.bypass_mode is False and rc.rollout_is_batch_normalize is False, label
+    env = v.ray_kwargs.ray_init.runtime_env.env_vars
+    assert all(isinstance(x, str) for x in env.values()) and float(env.SUITE_TIS_CAP) == c.tis_cap, label
+    assert ar.rollout.quantization == ("fp8" if q == "fp8" else None), label
+    kw = ar.rollout.get("engine_kwargs", {}).get("vllm", {}) or {}
+    if q in ("int8", "w4a16"):
+        assert kw["worker_extension_cls"] == "suite.verl.int8_hook.QuantizedWeightSyncExtension" and env.SUITE_ROLLOUT_QUANT == q, label
+    if q == "int8":
+        from omegaconf import OmegaConf
+
+        assert kw["quantization"] == "compressed-tensors", label
+        assert OmegaConf.to_container(kw["hf_overrides"]) == {"quantization_config": W8A8_QUANT_CONFIG}, label
+    else:
+        assert "quantization" not in kw, label
+    if q not in ("int8", "w4a16"):
+        assert "worker_extension_cls" not in kw and "SUITE_ROLLOUT_QUANT" not in env, label
+    assert (v.critic.enable is True) == (a.name == "ppo"), label
+    assert v.algorithm.filter_groups.enable == bool(a.dynamic_sampling), label
+    if a.name == "dapo":
+        assert v.reward.reward_manager.name == "dapo", label
+        if a.overlong_buffer:
+            ob = v.reward.reward_kwargs.overlong_buffer_cfg
+            assert (ob.enable, ob.len, v.reward.reward_kwargs.max_resp_len) == (True, a.overlong_buffer, cfg.rollout.max_new_tokens)
+    assert ar.actor.use_kl_loss == (a.kl_coef > 0), label
+
+
+def test_fast_compose_equals_full_compose(verl_paths, composer, uaq_siblings):
+    """VerlConfigComposer (defaults once, Hydra's override code per cell) == Hydra's compose."""
+    from omegaconf import OmegaConf
+
+    for extra in (["algo=ppo", "quant=int8", "correction=acr"], ["algo=dapo", "quant=fp8", "correction=tis"]):
+        cfg = compose_config(verl_paths + extra)
+        uaq_siblings(cfg)
+        ov = verl_overrides(cfg)
+        full, fast = compose_verl_config(ov), composer.compose(ov)
+        assert OmegaConf.to_container(full) == OmegaConf.to_container(fast)
+
+
+def test_unknown_verl_key_fails(verl_paths, composer):
+    cfg = compose_config(verl_paths + ["quant=bf16", "backend.extra_overrides=['actor_rollout_ref.actor.no_such_knob=1']"])
+    with pytest.raises(Exception, match="no_such_knob"):
+        composer.compose(verl_overrides(cfg))
+
+
+def test_verl_rejects_what_it_cannot_run(verl_paths):
+    with pytest.raises(ConfigError, match=r"quant.precision='fp32'.*bf16, fp8, int8, w4a16"):
+        compose_config(verl_paths + ["quant=fp32"])
+    with pytest.raises(ConfigError, match="correction.aligned_forward"):
+        compose_config(verl_paths + ["quant=w4a16", "correction.aligned_forward=true"])
+    with pytest.raises(ConfigError, match="backend.model_path"):
+        compose_config(["backend=verl"])
+    with pytest.raises(ConfigError, match="backend.tensor_parallel_size"):
+        compose_config(verl_paths + ["backend.tensor_parallel_size=3"])
+
+
+def test_embedded_defaults_unchanged():
+    cfg = compose_config([])
+    assert cfg.backend.name == "embedded" and list(cfg.backend.keys()) == ["name"]
+
+
+def test_dry_run_prints_each_cells_exact_command(verl_paths, tmp_path, capsys):
+    """`suite sweep FILE --dry-run backend=verl ...` prints the main_ppo argv the runner would start."""
+    from suite.cli import main
+    from suite.sweep.spec import load_sweep
+
+    sweep_file = tmp_path / "verl_dry.yaml"
+    sweep_file.write_text(
+        "name: verl-dry\nbase:\n  algo: dapo\nmatrix:\n  quant: [int8, fp8]\n  correction: [tis, acr]\n"
+    )
+    overrides = [o for o in verl_paths if not o.startswith("backend=")]
+    assert main(["sweep", str(sweep_file), "--dry-run", "backend=verl", *overrides]) == 0
+    out = capsys.readouterr().out
+    sweep = load_sweep(sweep_file, ["backend=verl", *overrides])
+    assert len(sweep.cells) == 4
+    for cell in sweep.cells:
+        cmd = verl_command(cell.cfg, cell.run_dir)
+        assert cmd[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+        assert f"$ {shlex.join(cmd)}" in out, f"cell {cell.index}: command not printed"
