@@ -1,0 +1,28 @@
+"""`suite bench`: speed measured honestly on the machine it runs on (docs/bench.md).
+
+    suite bench rollout     # decode tokens/s per precision x model x batch, weight-sync time
+    suite bench step        # one RL step split into sync / gen / prox log-probs / train, per precision
+    suite bench peer        # our engine vs Hugging Face `generate`, same weights, batch, dtype
+    suite bench gpu         # INT8 / FP8 GEMMs vs bf16 at 7B / 32B shapes (needs CUDA)
+    suite bench overheads   # sweep expansion, MLflow logging share, `suite report` over many runs
+
+Every ratio is measured side by side in one process, interleaved, after warm-up, median of
+repeats; each benchmark prints a table (or `--json` rows) and logs one MLflow run with the
+table as an artifact. This module imports nothing heavy: each subcommand imports torch and
+friends inside its function, and `suite/bench/gpu.py` runs standalone with torch alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    """Add the `bench` verb and its subcommands to the `suite` CLI."""
+    from suite.bench import gpu, overheads, peer, rollout, step
+
+    p = subparsers.add_parser("bench", help="benchmarks: rollout, step, peer, gpu, overheads",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="bench", required=True)
+    for module in (rollout, step, peer, gpu, overheads):
+        module.register(sub)

@@ -1,0 +1,171 @@
+"""`suite bench peer`: our rollout engine against Hugging Face `generate`, same network.
+
+The same weights run in both: `suite.embedded.model.to_hf_llama` maps our decoder one to one
+onto `LlamaForCausalLM` (a tiny `LlamaConfig`). Both decode greedily (temperature 0) the same
+batch of equal-length prompts for exactly the same number of new tokens (no stop token; HF
+with its KV cache, `min_new_tokens = max_new_tokens`), in the same dtype, timed interleaved.
+The row says whether the greedy tokens of the two implementations are identical and how far
+their full-forward logits are apart: a speed ratio is only meaningful for the same
+computation.
+
+dtype fp32: both compute in float32. dtype bf16: HF runs the model cast to bfloat16 (native
+bf16 kernels); our "bf16" engine computes the same bf16 numerics, as float32 GEMMs over bf16
+values where the CPU has no fast bf16 kernel (suite.embedded.engine) -- the row's `kernels`
+column says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from suite.bench.common import (
+    BenchError,
+    add_common_args,
+    check_common,
+    emit,
+    interleaved,
+    machine_info,
+    median,
+    note,
+    parse_ints,
+    parse_list,
+    set_threads,
+    spread,
+)
+
+DTYPES = ("fp32", "bf16")
+COLUMNS = ("model", "batch", "new_tokens", "dtype", "kernels", "ours_tokens_per_s", "hf_tokens_per_s",
+           "ratio_vs_hf", "ours_spread", "hf_spread", "tokens_match", "logits_max_abs_diff", "ours_ops_per_token",
+           "hf_ops_per_token", "ours_gemm_share", "hf_gemm_share")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("peer", help="our engine vs Hugging Face LlamaForCausalLM.generate, same weights",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="small,wide", help="model presets, comma-separated (default small,wide)")
+    p.add_argument("--batch", default="8,64", help="sequences decoded at once, comma-separated (default 8,64)")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per sequence (default 32)")
+    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence (default 16)")
+    p.add_argument("--dtypes", default="fp32", help="fp32 and/or bf16, comma-separated (default fp32)")
+    add_common_args(p)
+    p.set_defaults(func=cmd_peer)
+
+
+def hf_llama(model, dtype):
+    """``LlamaForCausalLM`` holding ``model``'s weights (suite.embedded.model.to_hf_llama), in ``dtype``."""
+    try:
+        import transformers
+    except ImportError as exc:  # pragma: no cover - transformers is a core dependency
+        raise RuntimeError("suite bench peer needs transformers: pip install 'transformers>=4.45'") from exc
+    from suite.embedded.model import to_hf_llama
+
+    kw, sd = to_hf_llama(model)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw)).eval()
+    hf.load_state_dict(sd, strict=True)
+    hf.generation_config.eos_token_id = None  # never stop early: exactly max_new_tokens tokens
+    hf.generation_config.pad_token_id = 0
+    return hf.to(dtype)
+
+
+def hf_generate(hf, input_ids, new_tokens: int):
+    """Greedy decode with HF's KV cache; returns the new tokens [B, new_tokens]."""
+    import torch
+
+    with torch.no_grad():
+        out = hf.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, use_cache=True,
+                          eos_token_id=None, pad_token_id=0)
+    return out[:, input_ids.shape[1]:]
+
+
+def ours_generate(engine, prompts, new_tokens: int):
+    """Greedy decode with our engine; returns the new tokens [B, new_tokens]."""
+    import torch
+
+    ro = engine.generate(prompts, max_new_tokens=new_tokens, temperature=0.0, top_p=1.0, stop_id=-1, pad_id=0,
+                         generator=torch.Generator().manual_seed(0))
+    return ro.tokens[:, ro.response_start:]
+
+
+def run_peer(models, batches, new_tokens: int, dtypes, *, prompt_len: int, repeats: int, warmup: int,
+             gain: float = 4.0) -> list[dict]:
+    """The benchmark: rows as in COLUMNS. ``gain`` scales the random weights so that greedy
+    decoding has clear winners (suite.bench.rollout.bench_model)."""
+    import torch
+
+    from suite.bench.rollout import bench_model, bench_prompts, op_shares
+    from suite.core.quant import QuantScheme
+    from suite.embedded.engine import RolloutEngine
+
+    rows = []
+    for preset in models:
+        model = bench_model(preset, gain=gain)
+        for dt in dtypes:
+            torch_dtype = torch.float32 if dt == "fp32" else torch.bfloat16
+            hf = hf_llama(model, torch_dtype)
+            engine = RolloutEngine(model, QuantScheme(precision=dt))
+            for batch in batches:
+                prompts = bench_prompts(batch, prompt_len, model.cfg.vocab_size, seed=1)
+                ids = torch.tensor(prompts)  # [B, P], equal lengths: no padding on either side
+                note(f"peer: model={preset} dtype={dt} batch={batch} new_tokens={new_tokens}")
+                ours_tok = ours_generate(engine, prompts, new_tokens)
+                hf_tok = hf_generate(hf, ids, new_tokens)
+                full = torch.cat([ids, hf_tok], 1)  # [B, P + R]
+                with torch.no_grad():
+                    a = engine.logits(full).float()  # [B, P + R, V]
+                    b = hf(input_ids=full).logits.float()  # [B, P + R, V]
+                times = interleaved({"ours": lambda: ours_generate(engine, prompts, new_tokens),
+                                     "hf": lambda: hf_generate(hf, ids, new_tokens)}, repeats, warmup)
+                # What bounds the ratio: aten operator calls per decoded token (eager dispatch
+                # overhead) and the GEMM share of self CPU time, one profiled call each.
+                po = op_shares(lambda: ours_generate(engine, prompts, new_tokens))
+                ph = op_shares(lambda: hf_generate(hf, ids, new_tokens))
+                ours_tps = batch * new_tokens / median(times["ours"])
+                hf_tps = batch * new_tokens / median(times["hf"])
+                rows.append({
+                    "model": preset, "batch": batch, "new_tokens": new_tokens, "prompt_len": prompt_len, "dtype": dt,
+                    "kernels": "native" if engine.native else "emulated",
+                    "ours_tokens_per_s": ours_tps, "hf_tokens_per_s": hf_tps, "ratio_vs_hf": ours_tps / hf_tps,
+                    "ours_spread": spread(times["ours"]), "hf_spread": spread(times["hf"]),
+                    "tokens_match": float((ours_tok == hf_tok).float().mean()),
+                    "logits_max_abs_diff": float((a - b).abs().max()),
+                    "ours_ops_per_token": po["aten_calls"] / new_tokens, "hf_ops_per_token": ph["aten_calls"] / new_tokens,
+                    "ours_gemm_share": po["gemm"], "hf_gemm_share": ph["gemm"],
+                    "repeats": repeats,
+                })
+    return rows
+
+
+def cmd_peer(args) -> int:
+    from suite.embedded.model import PRESETS
+
+    try:
+        check_common(args)
+        models = parse_list("--models", args.models, tuple(PRESETS))
+        batches = parse_ints("--batch", args.batch)
+        dtypes = parse_list("--dtypes", args.dtypes, DTYPES)
+        if args.new_tokens < 1 or args.prompt_len < 1:
+            raise BenchError(f"--new-tokens={args.new_tokens} and --prompt-len={args.prompt_len} must be >= 1")
+    except BenchError as exc:
+        note(f"suite bench peer: {exc}")
+        return 2
+    set_threads(args.threads)
+    info = machine_info()
+    import transformers
+
+    rows = run_peer(models, batches, args.new_tokens, dtypes, prompt_len=args.prompt_len, repeats=args.repeats,
+                    warmup=args.warmup)
+    notes = [f"Hugging Face transformers {transformers.__version__}, LlamaForCausalLM.generate (greedy, KV cache)",
+             "ratio_vs_hf = our tokens/s / HF tokens/s, same weights, prompts, batch, new tokens and dtype",
+             "tokens_match = fraction of greedy tokens identical; logits_max_abs_diff = max |ours - HF| of the "
+             "full-forward logits over prompt + generated tokens",
+             "*_ops_per_token: aten operator calls per decode step (profiler, one call); *_gemm_share: share of self "
+             "CPU time in GEMMs (mm / addmm / linear)"]
+    notes.append("target ours >= 2x HF tokens/s: " + ", ".join(
+        f"{r['model']} b{r['batch']} {r['dtype']} {r['ratio_vs_hf']:.2f}x" for r in rows))
+    metrics = {f"peer/{r['model']}/b{r['batch']}/{r['dtype']}/ratio_vs_hf": r["ratio_vs_hf"] for r in rows}
+    params = {"models": args.models, "batch": args.batch, "new_tokens": args.new_tokens,
+              "prompt_len": args.prompt_len, "dtypes": args.dtypes, "repeats": args.repeats,
+              "transformers": transformers.__version__}
+    emit(args, "peer", "peer", info, rows, COLUMNS, notes, params, metrics)
+    return 0

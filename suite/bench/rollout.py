@@ -1,0 +1,236 @@
+"""`suite bench rollout`: tokens/s of batched decode per rollout precision, and weight-sync cost.
+
+For every model preset x batch size x new tokens, one full-precision model is built and one
+RolloutEngine per precision copies it; the engines' `generate` calls are timed interleaved
+(suite.bench.common.interleaved) and each precision's tokens/s is divided by fp32's and
+bf16's measured in the same rounds. A call is what `timing_s/gen` times in an RL step:
+prefill of the prompts plus `new_tokens` decode steps (the stop id is never sampled, so every
+row decodes exactly `new_tokens` tokens), sampling at temperature 1 as RL rollouts do.
+
+The weight sync (re-quantizing the engine's copy from the full-precision weights, what every
+RL step pays before its rollout) is timed the same way per precision and model.
+
+`--profile` adds where one generate call spends its time (torch profiler, self CPU time by
+operator group) per precision, for the largest batch: it shows what bounds a ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from suite.bench.common import (
+    BenchError,
+    add_common_args,
+    check_common,
+    emit,
+    interleaved,
+    machine_info,
+    median,
+    note,
+    parse_ints,
+    parse_list,
+    set_threads,
+    spread,
+)
+
+PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
+COLUMNS = ("model", "d_model", "batch", "new_tokens", "precision", "kernels", "tokens_per_s", "ratio_vs_fp32",
+           "ratio_vs_bf16", "gen_s", "spread", "sync_ms", "sync_pct_of_gen")
+PROFILE_COLUMNS = ("model", "batch", "precision", "gemm", "attention", "act_quant", "sampling", "other", "total_s",
+                   "aten_calls")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("rollout", help="decode tokens/s per precision x model x batch, and weight-sync time",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="small,wide", help="model presets, comma-separated (default small,wide)")
+    p.add_argument("--precisions", default=",".join(PRECISIONS), help="rollout precisions (default: all five)")
+    p.add_argument("--batch", default="8,64", help="sequences decoded at once, comma-separated (default 8,64)")
+    p.add_argument("--new-tokens", default="32", help="tokens decoded per sequence, comma-separated (default 32)")
+    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence (default 16)")
+    p.add_argument("--kernels", default="auto", help="engine kernels: auto | native | emulated (default auto)")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one generate call per precision (largest batch): time by operator group")
+    add_common_args(p)
+    p.set_defaults(func=cmd_rollout)
+
+
+def bench_model(preset: str, seed: int = 0, gain: float = 1.0):
+    """A randomly initialised preset model (character vocabulary), weights times ``gain``
+    (norm gains excepted). gain > 1 makes the logits peaked, so greedy decoding has no near
+    ties that rounding differences between implementations could flip."""
+    import torch
+
+    from suite.embedded.model import PRESETS, ModelConfig, Transformer
+    from suite.embedded.tokenizer import CharTokenizer
+
+    torch.manual_seed(seed)
+    m = Transformer(ModelConfig(vocab_size=CharTokenizer().vocab_size, **PRESETS[preset]))
+    if gain != 1.0:
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if not name.endswith("norm.weight"):
+                    p.mul_(gain)
+    return m.eval()
+
+
+def bench_prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """``batch`` distinct random prompts of ``length`` tokens (ids 3.., clear of pad/eos/bos)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (batch, length), generator=g).tolist()
+
+
+def _check(args) -> tuple[list[str], list[str], list[int], list[int]]:
+    from suite.embedded.engine import KERNELS
+    from suite.embedded.model import PRESETS
+
+    check_common(args)
+    models = parse_list("--models", args.models, tuple(PRESETS))
+    precisions = parse_list("--precisions", args.precisions, PRECISIONS)
+    batches = parse_ints("--batch", args.batch)
+    new_tokens = parse_ints("--new-tokens", args.new_tokens)
+    if args.prompt_len < 1:
+        raise BenchError(f"--prompt-len={args.prompt_len} must be >= 1")
+    if args.kernels not in KERNELS:
+        raise BenchError(f"--kernels={args.kernels!r} is not allowed; choose from: {', '.join(KERNELS)}")
+    for m in models:
+        if args.prompt_len + max(new_tokens) > PRESETS[m]["max_seq_len"]:
+            raise BenchError(f"--prompt-len + --new-tokens = {args.prompt_len + max(new_tokens)} > max_seq_len "
+                             f"{PRESETS[m]['max_seq_len']} of model {m}")
+    return models, precisions, batches, new_tokens
+
+
+# Operator groups of the profile (aten op names, self CPU time).
+_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::_int_mm", "aten::_scaled_mm", "aten::linear")
+_ATTN_OPS = ("aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::masked_fill", "aten::masked_fill_")
+_QUANT_OPS = ("aten::round", "aten::round_", "aten::clamp", "aten::clamp_", "aten::aminmax", "aten::maximum",
+              "aten::div", "aten::where", "aten::_to_copy", "aten::copy_")
+_SAMPLE_OPS = ("aten::multinomial", "aten::_log_softmax", "aten::exp", "aten::exponential_", "aten::gather",
+               "aten::argmax", "aten::sort", "aten::cumsum", "aten::scatter")
+
+
+def op_shares(fn) -> dict[str, float]:
+    """Run ``fn`` once under the torch profiler: the share of self CPU time in GEMMs,
+    attention, activation quantization / casts, sampling, and everything else, the total
+    self CPU seconds and the number of aten operator calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    groups = {"gemm": 0.0, "attention": 0.0, "act_quant": 0.0, "sampling": 0.0, "other": 0.0}
+    total, calls = 0.0, 0
+    for ev in prof.key_averages():
+        t = ev.self_cpu_time_total / 1e6
+        total += t
+        calls += ev.count
+        if ev.key in _GEMM_OPS:
+            groups["gemm"] += t
+        elif ev.key in _ATTN_OPS:
+            groups["attention"] += t
+        elif ev.key in _QUANT_OPS:
+            groups["act_quant"] += t
+        elif ev.key in _SAMPLE_OPS:
+            groups["sampling"] += t
+        else:
+            groups["other"] += t
+    out = {k: v / total if total > 0 else float("nan") for k, v in groups.items()}
+    out["total_s"] = total
+    out["aten_calls"] = calls  # operator calls (each a dispatch: the per-op overhead of eager PyTorch)
+    return out
+
+
+def run_rollout(models, precisions, batches, new_tokens, *, prompt_len: int, repeats: int, warmup: int,
+                kernels: str = "auto", profile: bool = False) -> tuple[list[dict], list[dict]]:
+    """The benchmark itself: (rows, profile rows). Rows as in COLUMNS."""
+    import torch
+
+    from suite.core.quant import QuantScheme
+    from suite.embedded.engine import RolloutEngine
+
+    rows: list[dict] = []
+    prof_rows: list[dict] = []
+    for preset in models:
+        model = bench_model(preset)
+        engines = {p: RolloutEngine(model, QuantScheme(precision=p), kernels=kernels) for p in precisions}
+        # Weight sync, interleaved across precisions (at least 5 rounds: it is cheap).
+        sync_t = interleaved({p: (lambda e=e: e.sync(model)) for p, e in engines.items()},
+                             repeats=max(5, repeats), warmup=warmup)
+        sync_s = {p: median(v) for p, v in sync_t.items()}
+        for batch in batches:
+            prompts = bench_prompts(batch, prompt_len, model.cfg.vocab_size)
+            for n in new_tokens:
+                note(f"rollout: model={preset} batch={batch} new_tokens={n}: {len(engines)} precisions x "
+                     f"{warmup} warm-up + {repeats} rounds")
+
+                def gen(e, n=n, prompts=prompts):
+                    ro = e.generate(prompts, max_new_tokens=n, temperature=1.0, top_p=1.0, stop_id=-1, pad_id=0,
+                                    generator=torch.Generator().manual_seed(0))
+                    assert ro.response_mask.shape == (len(prompts), n)  # every row decoded n tokens
+
+                times = interleaved({p: (lambda e=e: gen(e)) for p, e in engines.items()}, repeats, warmup,
+                                    on_round=lambda r: note(f"  round {r + 1}/{repeats}"))
+                tps = {p: batch * n / median(t) for p, t in times.items()}
+                for p in precisions:
+                    gen_s = median(times[p])
+                    rows.append({
+                        "model": preset, "d_model": model.cfg.d_model, "batch": batch, "new_tokens": n,
+                        "prompt_len": prompt_len, "precision": p,
+                        "kernels": "native" if engines[p].native else "emulated",
+                        "tokens_per_s": tps[p],
+                        "ratio_vs_fp32": tps[p] / tps["fp32"] if "fp32" in tps else float("nan"),
+                        "ratio_vs_bf16": tps[p] / tps["bf16"] if "bf16" in tps else float("nan"),
+                        "gen_s": gen_s, "spread": spread(times[p]), "repeats": repeats,
+                        "sync_ms": sync_s[p] * 1e3, "sync_pct_of_gen": 100 * sync_s[p] / gen_s,
+                    })
+        if profile:
+            batch, n = max(batches), max(new_tokens)
+            prompts = bench_prompts(batch, prompt_len, model.cfg.vocab_size)
+            for p, e in engines.items():
+                shares = op_shares(lambda e=e: e.generate(prompts, max_new_tokens=n, temperature=1.0, top_p=1.0,
+                                                          stop_id=-1, pad_id=0,
+                                                          generator=torch.Generator().manual_seed(0)))
+                prof_rows.append({"model": preset, "batch": batch, "new_tokens": n, "precision": p, **shares})
+    return rows, prof_rows
+
+
+def cmd_rollout(args) -> int:
+    try:
+        models, precisions, batches, new_tokens = _check(args)
+    except BenchError as exc:
+        note(f"suite bench rollout: {exc}")
+        return 2
+    set_threads(args.threads)
+    info = machine_info()
+    rows, prof_rows = run_rollout(models, precisions, batches, new_tokens, prompt_len=args.prompt_len,
+                                  repeats=args.repeats, warmup=args.warmup, kernels=args.kernels,
+                                  profile=args.profile)
+    notes = [
+        "tokens_per_s = batch * new_tokens / median seconds of one generate call (prefill + decode, "
+        "temperature 1); ratios are against fp32 / bf16 measured in the same interleaved rounds",
+        "kernels: native = low-precision GEMM kernels; emulated = the same numerics as float32 GEMMs "
+        "(suite.embedded.engine: chosen where the CPU lacks VNNI / AVX512-BF16 / AMX)",
+        "sync_ms = median seconds of RolloutEngine.sync (re-quantization from the fp32 weights)",
+    ]
+    for r in rows:
+        if r["precision"] == "int8" and r["d_model"] >= 512 and r["batch"] == 64:
+            notes.append(f"target INT8 >= 1.8x fp32 and >= 1.2x bf16 tokens/s (d_model >= 512, batch 64): "
+                         f"{r['model']} n={r['new_tokens']}: {r['ratio_vs_fp32']:.2f}x fp32, "
+                         f"{r['ratio_vs_bf16']:.2f}x bf16 ({r['kernels']} kernels)")
+    if prof_rows:
+        from suite.bench.common import table
+
+        notes.append("profile (share of self CPU time of one generate call, by operator group):\n\n"
+                     + table(prof_rows, PROFILE_COLUMNS) + "\n")
+    metrics = {}
+    for r in rows:
+        key = f"rollout/{r['model']}/b{r['batch']}/n{r['new_tokens']}/{r['precision']}"
+        metrics[f"{key}/tokens_per_s"] = r["tokens_per_s"]
+        metrics[f"{key}/ratio_vs_fp32"] = r["ratio_vs_fp32"]
+        metrics[f"{key}/sync_ms"] = r["sync_ms"]
+    params = {"models": args.models, "precisions": args.precisions, "batch": args.batch,
+              "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats,
+              "warmup": args.warmup, "kernels": args.kernels}
+    emit(args, "rollout", "rollout", info, rows, COLUMNS, notes, params, metrics)
+    return 0

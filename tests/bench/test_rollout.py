@@ -1,0 +1,66 @@
+"""`suite bench rollout`: the --json schema, the arithmetic of its ratios, its MLflow run."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from suite.cli import main
+
+REQUIRED = ("precision", "model", "batch", "new_tokens", "tokens_per_s", "ratio_vs_fp32", "sync_ms")
+
+
+@pytest.mark.slow  # a subprocess (torch + MLflow imports), 10 engines, a profile: ~30 s on 2 quiet cores
+def test_rollout_json_rows_and_mlflow_run(tmp_path):
+    db = tmp_path / "mlflow.db"
+    cmd = [sys.executable, "-m", "suite.cli", "bench", "rollout", "--json", "--models", "tiny", "--batch", "2,3",
+           "--new-tokens", "4", "--prompt-len", "5", "--repeats", "1", "--warmup", "0", "--threads", "1", "--profile",
+           "--tracking-uri", f"sqlite:///{db}", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "# suite bench rollout" in proc.stderr and "avx2" in proc.stderr  # the machine header
+    rows = json.loads(proc.stdout)  # stdout is the JSON rows and nothing else
+    assert [(r["batch"], r["precision"]) for r in rows] == [
+        (b, p) for b in (2, 3) for p in ("fp32", "bf16", "int8", "fp8", "w4a16")]
+    by = {(r["batch"], r["precision"]): r for r in rows}
+    for r in rows:
+        assert all(k in r for k in REQUIRED), r
+        assert r["model"] == "tiny" and r["new_tokens"] == 4
+        assert r["tokens_per_s"] == pytest.approx(r["batch"] * 4 / r["gen_s"], rel=1e-12)
+        fp32 = by[(r["batch"], "fp32")]
+        assert r["ratio_vs_fp32"] == pytest.approx(r["tokens_per_s"] / fp32["tokens_per_s"], rel=1e-12)
+        assert r["sync_ms"] > 0 and r["kernels"] in ("native", "emulated")
+    assert by[(2, "fp32")]["ratio_vs_fp32"] == 1.0
+    # the table files and the profile (shares of one generate call) were written
+    md = (tmp_path / "out" / "rollout.md").read_text()
+    assert "tokens_per_s" in md and "ratio_vs_fp32" in md
+    assert "profile" in md and "gemm" in md
+    saved = json.loads((tmp_path / "out" / "rollout.json").read_text())
+    assert saved["rows"] == rows and saved["machine"]["avx2"] in (True, False)
+    # one MLflow run in the real sqlite store, tagged, with the table as artifacts
+    with sqlite3.connect(db) as con:
+        runs = con.execute("select r.run_uuid, r.status, r.artifact_uri from runs r join tags t on t.run_uuid = r.run_uuid "
+                           "where t.key = 'bench' and t.value = 'rollout'").fetchall()
+        assert len(runs) == 1 and runs[0][1] == "FINISHED"
+        n_metrics = con.execute("select count(*) from latest_metrics where run_uuid = ?", (runs[0][0],)).fetchone()[0]
+    assert n_metrics == 3 * len(rows)  # tokens_per_s, ratio_vs_fp32, sync_ms per row
+    art = runs[0][2].removeprefix("file://")
+    assert sorted(os.listdir(art if os.path.isabs(art) else tmp_path / art)) == ["rollout.json", "rollout.md"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--precisions", "fp32,int9"], "--precisions='int9' is not allowed; choose from: fp32, bf16, int8, fp8, w4a16"),
+    (["--models", "huge"], "--models='huge' is not allowed; choose from: tiny, small, base, large, wide"),
+    (["--new-tokens", "300"], "max_seq_len 256 of model small"),
+    (["--kernels", "fast"], "--kernels='fast' is not allowed; choose from: auto, native, emulated"),
+])
+def test_bad_options_are_rejected_before_anything_runs(argv, message, capsys, tmp_path):
+    assert main(["bench", "rollout", "--out", str(tmp_path / "out"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing written
