@@ -1,0 +1,127 @@
+"""`suite report`: regenerate the papers' tables and figures from tracked runs.
+
+    suite report experiments/main.yaml                # a sweep: its parent run's children, missing cells shown
+    suite report --experiment suite                   # every run of an MLflow experiment
+    suite report --runs "tags.precision = 'int8'"     # an MLflow filter (with or without --experiment)
+    suite report --parent RUN_ID                      # the children of any parent run (a sweep, a study)
+    suite report ... --out reports/main --tracking-uri http://127.0.0.1:5000 --no-notebook
+
+Writes tables (CSV, Markdown, LaTeX), figures (PNG, SVG), report.md and an executed report
+notebook with its HTML export (docs/reports.md). With a sweep or --parent, the report is also
+logged as the `report/` artifacts of that parent run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report", help="tables, figures and an executed notebook from MLflow runs (a sweep, an experiment, a filter)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweep_file", nargs="?", default=None, help="a sweep file (suite sweep): report its cells")
+    p.add_argument("sweep_overrides", nargs="*", default=[],
+                   help="the overrides the sweep was launched with (so its cells' run ids match)")
+    p.add_argument("--experiment", default=None, help="MLflow experiment name (or id); default: the sweep's, or all")
+    p.add_argument("--runs", default="", metavar="FILTER",
+                   help="MLflow search filter, e.g. \"tags.precision = 'int8' and tags.seed = '0'\"")
+    p.add_argument("--parent", default=None, metavar="RUN_ID", help="only the child runs of this MLflow run")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: the sweep's, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    p.add_argument("--out", default=None, help="output directory (default: reports/<sweep or experiment name>)")
+    p.add_argument("--resamples", type=int, default=None, help="bootstrap resamples for the 95%% CI (default 10000)")
+    p.add_argument("--ci-seed", type=int, default=None, help="bootstrap seed (default 0)")
+    p.add_argument("--no-notebook", action="store_true", help="skip the executed notebook and its HTML")
+    p.add_argument("--no-log", action="store_true", help="do not log the report as artifacts of the parent run")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=cmd_report)
+
+
+def _sweep_source(args) -> dict:
+    """Tracking URI, experiment, parent run and expected cells of a sweep file."""
+    from suite.sweep.spec import SweepError, load_sweep
+    from suite.tracking.loggers import resolve_tracking_uri
+
+    try:
+        sweep = load_sweep(args.sweep_file, args.sweep_overrides)
+    except SweepError as e:
+        raise SystemExit(f"suite report: bad sweep file: {e}") from None
+    uri = resolve_tracking_uri(args.tracking_uri or sweep.tracking_uri)
+    parent = args.parent
+    if parent is None:
+        from suite.sweep.launch import parent_run
+
+        parent = parent_run(sweep, create=False) if not args.tracking_uri else None
+    if parent is None:  # found by name: the sweep was launched from another state dir
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(sweep.experiment)
+        if exp is not None:
+            found = client.search_runs([exp.experiment_id],
+                                       f"tags.`suite.kind` = 'sweep' and tags.sweep = '{sweep.name}'",
+                                       order_by=["attributes.start_time DESC"], max_results=1)
+            parent = found[0].info.run_id if found else None
+    expected = [{"cell": c.index, "run_id": c.run_id, "lr": float(c.cfg.train.lr), "sweep": sweep.name,
+                 **c.config_axes} for c in sweep.cells]
+    return {"tracking_uri": uri, "experiment": args.experiment or sweep.experiment, "parent": parent,
+            "name": sweep.name, "expected": expected}
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from suite.tracking.loggers import resolve_tracking_uri
+
+    start = time.perf_counter()
+    if args.resamples is not None and args.resamples < 2000:
+        print(f"suite report: --resamples={args.resamples}: use at least 2000 for stable 95% percentiles",
+              file=sys.stderr)
+        return 2
+    expected, name = None, None
+    if args.sweep_file:
+        src = _sweep_source(args)
+        uri, experiment, parent, name, expected = (src["tracking_uri"], src["experiment"], src["parent"], src["name"],
+                                                   src["expected"])
+        flt = args.runs
+        if parent is None:  # no parent run (never launched, or another store): match the cells' sweep tag
+            sweep_flt = f"tags.sweep = '{name}'"
+            flt = f"{flt} and {sweep_flt}" if flt else sweep_flt
+    else:
+        uri = resolve_tracking_uri(args.tracking_uri)
+        experiment, parent, flt = args.experiment, args.parent, args.runs
+        name = experiment or (f"parent-{parent[:8]}" if parent else "runs")
+    out = args.out or os.path.join("reports", name)
+
+    from suite.report import data as D
+    from suite.report.build import write_report
+    from suite.report.tables import CI_SEED, N_RESAMPLES
+
+    try:
+        rd = D.load_runs(uri, experiment=experiment, filter_string=flt, parent_run_id=parent, quiet=args.quiet)
+    except ValueError as e:
+        print(f"suite report: {e}", file=sys.stderr)
+        return 2
+    if expected is not None:
+        rd.runs = D.add_missing(rd.runs, expected)
+        rd.source["sweep"] = name
+        rd.source["sweep_file"] = os.path.abspath(args.sweep_file)
+    if rd.runs.empty:
+        print(f"suite report: no runs found at {uri} (experiment={experiment!r}, filter={flt!r}, parent={parent!r})",
+              file=sys.stderr)
+        return 1
+    res = write_report(rd, out, n_resamples=args.resamples or N_RESAMPLES,
+                       ci_seed=CI_SEED if args.ci_seed is None else args.ci_seed,
+                       notebook=not args.no_notebook, quiet=args.quiet)
+    if parent and not args.no_log:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=uri).log_artifacts(parent, res["out"], artifact_path="report")
+        if not args.quiet:
+            print(f"suite report: logged as artifacts report/ of parent run {parent}", file=sys.stderr)
+    counts = ", ".join(f"{n} {s}" for s, n in res["status"].items())
+    print(f"suite report: {counts} -> {res['out']} ({time.perf_counter() - start:.1f} s)"
+          + (f"; open {res['html']}" if res["html"] else ""), flush=True)
+    return 0

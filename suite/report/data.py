@@ -1,0 +1,463 @@
+"""The data contract: MLflow runs -> one tidy DataFrame per run and one per run x step.
+
+    data = load_runs("sqlite:///mlflow.db", experiment="suite")
+    data.runs      # one row per MLflow run: RUN_COLUMNS (ids, status, axes, lr) + per-run summaries
+    data.history   # one row per run x step: mlflow_run_id, step, the axes, one column per metric
+
+Every table of `suite.report.tables` is a pure function of these two frames; plotting
+(`suite.report.plots`) is separate. Runs are read with MLflow's paged batch search
+(`MlflowClient.search_runs`, up to 50,000 runs a request) and metric histories in bulk: one
+query for all keys on a SQL store, one request per key and 100 runs on a tracking server;
+never one request per run.
+
+Runs of every status are kept; the tables average only FINISHED runs and list the others
+(`tables.run_status`). Axis values come from the run's tags (`suite.config.axes`), so the
+columns are exactly the axes every run carries.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+log = logging.getLogger(__name__)
+
+# The tags every run carries (suite.config.axes), in table order.
+AXES = ("backend", "precision", "correction", "uaq_s", "algo", "task", "model", "aligned_forward", "seed")
+# Columns of `RunData.runs` that identify and describe a run (before the per-run summaries).
+RUN_COLUMNS = (
+    "mlflow_run_id", "run_name", "experiment_id", "status", "start_time", "end_time",
+    "parent_run_id", "sweep", "cell", "run_id", *AXES, "trainer_dtype", "lr", "steps", "method",
+)
+# Metrics read step by step into `RunData.history` (MLflow names: docs/metrics.md, with `@`
+# sanitized to `_at_`). Held-out accuracy is task specific; `load_runs` adds its keys.
+HISTORY_KEYS = (
+    "critic/score/mean",
+    "train/acc",
+    "rollout_corr/kl",
+    "rollout_corr/k3_kl",
+    "rollout_corr/rollout_is_mean",
+    "rollout_corr/rollout_is_max",
+    "rollout_corr/rollout_is_ratio_fraction_high",
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_high_bound",
+    "actor/pg_clipfrac_low_bound",
+    "quant/update_code_changed_frac",
+    "quant/update_step_ratio",
+    "perf/gen_tokens_per_s",
+    "timing_s/update_weights",
+    "timing_s/gen",
+    "timing_s/step",
+)
+ACC = "acc"  # the run's held-out accuracy (val-core/<task>/acc/mean_at_1), a fraction in [0, 1]
+FINISHED = "FINISHED"
+MISSING = "MISSING"  # an expected sweep cell with no MLflow run
+
+SEARCH_PAGE = 50_000  # runs per search request (mlflow's SEARCH_MAX_RESULTS_THRESHOLD)
+BULK_RUNS = 100  # run ids per bulk-history request to a server (handlers.MAX_RUNS_GET_METRIC_HISTORY_BULK)
+BULK_ROWS = 25_000  # rows a bulk-history response may hold (handlers.MAX_HISTORY_RESULTS)
+
+
+def acc_key(task: str) -> str:
+    """MLflow key of held-out accuracy for `task` (docs/metrics.md; `@1` sanitized to `_at_1`)."""
+    return f"val-core/{task}/acc/mean_at_1"
+
+
+def method_label(correction: str, aligned_forward: bool, precision: str) -> str:
+    """The method as the papers name it: BF16 / naive / TIS / ACR / TBPO, `aligned+` for QaRL.
+
+    A full-precision rollout (bf16, fp32) has no quantization mismatch to correct, so its row
+    is the papers' BF16 baseline whatever the correction; TBPO keeps its name (QaRL's BF16 TBPO).
+    """
+    name = {"naive": "naive", "tis": "TIS", "acr": "ACR", "tbpo": "TBPO"}.get(correction, correction)
+    if precision in ("bf16", "fp32") and correction != "tbpo":
+        return precision.upper()
+    return f"aligned+{name}" if aligned_forward else name
+
+
+@dataclass
+class RunData:
+    """What `load_runs` read: the two tidy frames and where they came from."""
+
+    runs: pd.DataFrame  # one row per run (RUN_COLUMNS + summaries)
+    history: pd.DataFrame  # one row per run x step (mlflow_run_id, step, axes, metric columns)
+    source: dict = field(default_factory=dict)  # tracking_uri, experiments, filter, parent_run_id, sweep
+    timings_s: dict = field(default_factory=dict)  # search / history / summarise seconds
+
+
+def _progress(msg: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"suite report: {msg}", file=sys.stderr, flush=True)
+
+
+def _client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def experiment_ids(client, experiment: str | None) -> list[str]:
+    """Ids of experiment `experiment` (by name, else by id), or of every active experiment."""
+    if experiment is None:
+        ids, token = [], None
+        while True:
+            page = client.search_experiments(max_results=1000, page_token=token)
+            ids += [e.experiment_id for e in page]
+            token = page.token
+            if not token:
+                return ids
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        try:
+            exp = client.get_experiment(experiment)
+        except Exception:  # noqa: BLE001 - not an id either
+            exp = None
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments(max_results=1000))
+        raise ValueError(f"--experiment {experiment!r}: no such MLflow experiment; known: {', '.join(names) or '(none)'}")
+    return [exp.experiment_id]
+
+
+def search_runs(client, exp_ids: list[str], filter_string: str = "") -> list:
+    """Every run matching `filter_string` in `exp_ids`, in pages of SEARCH_PAGE runs."""
+    from mlflow.entities import ViewType
+
+    runs, token = [], None
+    while True:
+        page = client.search_runs(exp_ids, filter_string=filter_string, run_view_type=ViewType.ACTIVE_ONLY,
+                                  max_results=SEARCH_PAGE, page_token=token)
+        runs += list(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _float(value, default=float("nan")) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _int_or_na(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return pd.NA
+
+
+def _run_row(run) -> dict:
+    tags, params = run.data.tags, run.data.params
+    info = run.info
+    row = {
+        "mlflow_run_id": info.run_id,
+        "run_name": info.run_name,
+        "experiment_id": info.experiment_id,
+        "status": info.status,
+        "start_time": pd.to_datetime(info.start_time, unit="ms", utc=True) if info.start_time else pd.NaT,
+        "end_time": pd.to_datetime(info.end_time, unit="ms", utc=True) if info.end_time else pd.NaT,
+        "parent_run_id": tags.get("mlflow.parentRunId", ""),
+        "sweep": tags.get("sweep", ""),
+        "cell": _int_or_na(tags.get("cell")),
+        "run_id": tags.get("run_id", ""),
+    }
+    for axis in AXES:
+        row[axis] = tags.get(axis, "")
+    row["uaq_s"] = _float(row["uaq_s"])
+    row["aligned_forward"] = row["aligned_forward"] == "true"
+    row["seed"] = _int_or_na(row["seed"])
+    row["trainer_dtype"] = tags.get("trainer_dtype", "")
+    row["lr"] = _float(params.get("train.lr"))
+    row["steps"] = _int_or_na(params.get("steps"))
+    row["method"] = method_label(row["correction"], row["aligned_forward"], row["precision"])
+    # Latest value of every metric (MLflow: the value at the largest step), for the tables' "final".
+    row[ACC] = _float(run.data.metrics.get(acc_key(row["task"])))
+    return row
+
+
+SUPERSEDED = "SUPERSEDED"  # a FINISHED run of a cell that finished again later (its run dir was deleted)
+
+
+def runs_frame(runs: list) -> pd.DataFrame:
+    """MLflow `Run` entities -> the tidy one-row-per-run frame (RUN_COLUMNS + `acc`).
+
+    When one configuration (the suite `run_id` tag) finished more than once, only the latest
+    finished run counts; the earlier ones get status SUPERSEDED, so no seed is averaged twice.
+    """
+    rows = [_run_row(r) for r in runs]
+    df = coerce_runs(pd.DataFrame(rows, columns=[*RUN_COLUMNS, ACC]))
+    done = df[(df["status"] == FINISHED) & (df["run_id"] != "")].sort_values("end_time", kind="stable")
+    older = done.index[done.duplicated("run_id", keep="last")]
+    df.loc[older, "status"] = SUPERSEDED
+    return df
+
+
+def coerce_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Give the run frame its dtypes (also after a CSV round trip, as the notebook does)."""
+    df = df.copy()
+    for col in ("cell", "seed", "steps"):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
+    for col in ("uaq_s", "lr", ACC):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    df["aligned_forward"] = df["aligned_forward"].map(
+        lambda v: v if isinstance(v, bool) else str(v).lower() == "true").astype(bool)
+    for col in ("start_time", "end_time"):
+        df[col] = pd.to_datetime(df[col], utc=True, errors="coerce")
+    for col in ("mlflow_run_id", "run_name", "experiment_id", "status", "parent_run_id", "sweep", "run_id",
+                "backend", "precision", "correction", "algo", "task", "model", "trainer_dtype", "method"):
+        df[col] = df[col].fillna("").astype(str)
+    return df
+
+
+# ------------------------------------------------------------------ metric history, in bulk
+
+
+def _store(client):
+    # MlflowClient exposes no bulk-history call in mlflow 3.17.2; its store does (SQL stores:
+    # `get_metric_history_bulk`, one query per key for any number of runs).
+    return client._tracking_client.store
+
+
+def _history_sql(store, run_ids: list[str], keys: list[str]) -> pd.DataFrame:
+    """Every value of `keys` for `run_ids` from a SQL tracking store, in one SELECT per 5,000
+    runs on MLflow's own `metrics` table model (SqlMetric).
+
+    The store's `get_metric_history_bulk` (one key a call) builds an ORM object per value:
+    on 1,000 runs x 50 steps x 17 keys (806,000 values) it took 318 s against 90 s for this
+    Core query, both on the same heavily shared 2-core machine (tests/report/bench_report.py,
+    docs/reports.md).
+    """
+    import sqlalchemy as sa
+    from mlflow.store.tracking.dbmodels.models import SqlMetric
+
+    t = SqlMetric.__table__
+    names = ["mlflow_run_id", "step", "timestamp", "key", "value", "is_nan"]
+    frames = []
+    with store.ManagedSessionMaker() as session:
+        for i in range(0, len(run_ids), 5000):  # well under SQLite's bound-parameter limit
+            q = sa.select(t.c.run_uuid, t.c.step, t.c.timestamp, t.c.key, t.c.value, t.c.is_nan).where(
+                t.c.key.in_(keys), t.c.run_uuid.in_(run_ids[i : i + 5000]))
+            rows = session.execute(q).all()
+            # Columns via zip: handing SQLAlchemy Row objects to pandas costs two failed
+            # attribute lookups per row (profiled: most of the read's CPU time).
+            cols = list(zip(*rows)) if rows else [()] * len(names)
+            frames.append(pd.DataFrame({n: list(c) for n, c in zip(names, cols)}))
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=names)
+    # MLflow stores NaN as value 0 with is_nan set (SqlMetric.to_mlflow_entity reads it back the same way).
+    df["value"] = df["value"].astype(float).where(~df["is_nan"].astype(bool), np.nan)
+    return df.drop(columns="is_nan")
+
+
+def _history_rest(store, run_ids: list[str], key: str) -> list[tuple]:
+    """The tracking server's bulk route (what the MLflow UI's charts use): up to 100 runs and
+    25,000 rows a request; a batch that fills the row cap is split and asked again."""
+    from mlflow.utils.rest_utils import http_request, verify_rest_response
+
+    out: list[tuple] = []
+    pending = [run_ids[i : i + BULK_RUNS] for i in range(0, len(run_ids), BULK_RUNS)]
+    while pending:
+        batch = pending.pop()
+        resp = http_request(store.get_host_creds(), "/ajax-api/2.0/mlflow/metrics/get-history-bulk", "GET",
+                            params={"run_id": batch, "metric_key": key, "max_results": BULK_ROWS})
+        verify_rest_response(resp, "/ajax-api/2.0/mlflow/metrics/get-history-bulk")
+        metrics = resp.json().get("metrics", [])
+        if len(metrics) >= BULK_ROWS and len(batch) > 1:
+            pending += [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
+            continue
+        if len(metrics) >= BULK_ROWS:
+            log.warning("metric %s of run %s: more than %d values; the rest are not read", key, batch[0], BULK_ROWS)
+        out += [(m["run_id"], int(m.get("step", 0)), int(m.get("timestamp", 0)), float(m["value"])) for m in metrics]
+    return out
+
+
+def _history_each(client, run_ids: list[str], key: str) -> list[tuple]:
+    return [(rid, m.step, m.timestamp, m.value) for rid in run_ids for m in client.get_metric_history(rid, key)]
+
+
+def read_history(client, run_ids: list[str], keys, *, quiet: bool = True) -> pd.DataFrame:
+    """Per-step values of `keys` for `run_ids`: columns mlflow_run_id, step, key, value.
+
+    One query for every key on SQL stores and one request per (key, 100 runs) on a tracking server; other
+    stores (file store, Databricks) fall back to one request per run and key, with a warning.
+    When a step was logged twice for a key (a resumed run), the later timestamp wins.
+    """
+    from mlflow.store.tracking.rest_store import RestStore
+
+    store = _store(client)
+    keys = list(dict.fromkeys(keys))
+    cols = ["mlflow_run_id", "step", "timestamp", "key", "value"]
+    if hasattr(store, "ManagedSessionMaker") and hasattr(store, "get_metric_history_bulk"):  # SqlAlchemyStore
+        df = _history_sql(store, run_ids, keys) if run_ids else pd.DataFrame(columns=cols)
+        _progress(f"metric history: {len(keys)} keys, {len(df)} values in one query", quiet)
+        return _dedupe_steps(df)
+    if isinstance(store, RestStore) and not client.tracking_uri.startswith("databricks"):
+        fetch = lambda k: _history_rest(store, run_ids, k)  # noqa: E731
+    else:
+        log.warning("%s store has no bulk metric history; reading %d runs one request each",
+                    type(store).__name__, len(run_ids))
+        fetch = lambda k: _history_each(client, run_ids, k)  # noqa: E731
+    rows = []
+    for i, key in enumerate(keys, 1):
+        rows += [(rid, step, ts, key, value) for rid, step, ts, value in fetch(key)] if run_ids else []
+        if not quiet and (i % 5 == 0 or i == len(keys)):
+            _progress(f"metric history {i}/{len(keys)} keys, {len(rows)} values", quiet)
+    return _dedupe_steps(pd.DataFrame(rows, columns=cols))
+
+
+def _dedupe_steps(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.sort_values(["mlflow_run_id", "key", "step", "timestamp"], kind="stable")
+    df = df.drop_duplicates(["mlflow_run_id", "key", "step"], keep="last")
+    return df.drop(columns="timestamp").reset_index(drop=True)
+
+
+def history_frame(long: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Long (run, step, key, value) -> one row per run x step, a column per metric, the axes
+    as columns, and `acc` = the run's own task's held-out accuracy (NaN between evaluations)."""
+    cols = ["mlflow_run_id", "step"]
+    if long.empty:
+        wide = pd.DataFrame(columns=cols)
+    else:
+        # (run, step, key) is unique after `read_history`; pivot keeps NaN values (pivot_table drops them).
+        wide = long.pivot(index=cols, columns="key", values="value").reset_index()
+        wide.columns.name = None
+    meta = runs[["mlflow_run_id", "status", "method", "lr", *AXES]]
+    wide = wide.merge(meta, on="mlflow_run_id", how="left")
+    acc = np.full(len(wide), np.nan)
+    for task in runs["task"].unique():
+        key = acc_key(task)
+        if key in wide.columns:
+            sel = (wide["task"] == task).to_numpy()
+            acc[sel] = wide.loc[sel, key].to_numpy(dtype=float)
+    wide[ACC] = acc
+    wide["step"] = wide["step"].astype(int)
+    lead = ["mlflow_run_id", "step", "status", "method", "lr", *AXES, ACC]
+    rest = sorted(c for c in wide.columns if c not in lead)
+    return wide[lead + rest].sort_values(["mlflow_run_id", "step"]).reset_index(drop=True)
+
+
+def summarize(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
+    """Per-run summaries of the history, added as columns of `runs` (pure):
+
+    acc0 (held-out accuracy at step 0, before RL), kl_first / kl_last (`rollout_corr/kl` at the
+    first and last RL step), and over RL steps (step >= 1) the means visibility
+    (`quant/update_code_changed_frac`), step_ratio (`quant/update_step_ratio`), gen_tokens_per_s
+    (`perf/gen_tokens_per_s`), sync_s (`timing_s/update_weights`), gen_s (`timing_s/gen`),
+    step_s (`timing_s/step`); last_step: the last step any metric was logged at.
+    """
+    out = runs.copy()
+    h = history
+    means = {
+        "visibility": "quant/update_code_changed_frac",
+        "step_ratio": "quant/update_step_ratio",
+        "gen_tokens_per_s": "perf/gen_tokens_per_s",
+        "sync_s": "timing_s/update_weights",
+        "gen_s": "timing_s/gen",
+        "step_s": "timing_s/step",
+    }
+    new = pd.DataFrame(index=out["mlflow_run_id"])
+    if h.empty:
+        for col in ("acc0", "kl_first", "kl_last", "last_step", *means):
+            new[col] = np.nan
+    else:
+        g = h.groupby("mlflow_run_id")
+        new["last_step"] = g["step"].max()
+        new["acc0"] = h[h["step"] == 0].set_index("mlflow_run_id")[ACC]
+        rl = h[h["step"] >= 1]
+        if "rollout_corr/kl" in rl.columns:
+            kl = rl.dropna(subset=["rollout_corr/kl"]).sort_values("step").groupby("mlflow_run_id")["rollout_corr/kl"]
+            new["kl_first"], new["kl_last"] = kl.first(), kl.last()
+        else:
+            new["kl_first"] = new["kl_last"] = np.nan
+        grl = rl.groupby("mlflow_run_id")
+        for col, key in means.items():
+            new[col] = grl[key].mean() if key in rl.columns else np.nan
+    new = new.reindex(out["mlflow_run_id"])
+    for col in new.columns:
+        out[col] = new[col].to_numpy(dtype=float)
+    return out
+
+
+# ------------------------------------------------------------------------------ entry point
+
+
+def load_runs(
+    tracking_uri: str,
+    *,
+    experiment: str | None = None,
+    filter_string: str = "",
+    parent_run_id: str | None = None,
+    history_keys=HISTORY_KEYS,
+    quiet: bool = True,
+) -> RunData:
+    """Read runs from MLflow into the tidy frames.
+
+    tracking_uri: any MLflow tracking URI (sqlite:///..., http://host:port, ...).
+    experiment: experiment name (or id); None = every active experiment.
+    filter_string: an MLflow search filter (``tags.precision = 'int8' and params.seed = '0'``).
+    parent_run_id: only the children of this run (a sweep's or a study's parent run).
+    history_keys: metric keys read step by step (held-out accuracy keys are always added).
+    """
+    t0 = time.perf_counter()
+    client = _client(tracking_uri)
+    exp_ids = experiment_ids(client, experiment)
+    flt = filter_string.strip()
+    if parent_run_id:
+        parent_flt = f"tags.`mlflow.parentRunId` = '{parent_run_id}'"
+        flt = f"{flt} and {parent_flt}" if flt else parent_flt
+    try:
+        mruns = search_runs(client, exp_ids, flt) if exp_ids else []
+    except Exception as e:  # an MLflow filter syntax error: say which option it came from
+        from mlflow.exceptions import MlflowException
+
+        if isinstance(e, MlflowException):
+            raise ValueError(f"--runs {filter_string!r}: MLflow rejected the filter: {e.message}") from e
+        raise
+    # The sweep's own parent run (suite.kind=sweep) is bookkeeping, not a cell.
+    mruns = [r for r in mruns if r.data.tags.get("suite.kind") != "sweep"]
+    t_search = time.perf_counter() - t0
+    _progress(f"{len(mruns)} runs found in {t_search:.1f} s ({tracking_uri})", quiet)
+    runs = runs_frame(mruns)
+    keys = list(history_keys) + sorted({acc_key(t) for t in runs["task"].unique() if t})
+    t1 = time.perf_counter()
+    long = read_history(client, runs["mlflow_run_id"].tolist(), keys, quiet=quiet)
+    t_hist = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    history = history_frame(long, runs)
+    runs = summarize(runs, history)
+    t_sum = time.perf_counter() - t2
+    _progress(f"{len(long)} metric values read in {t_hist:.1f} s", quiet)
+    source = {"tracking_uri": tracking_uri, "experiment": experiment, "experiment_ids": exp_ids,
+              "filter": filter_string, "parent_run_id": parent_run_id or ""}
+    return RunData(runs=runs, history=history, source=source,
+                   timings_s={"search": t_search, "history": t_hist, "summarize": t_sum})
+
+
+def add_missing(runs: pd.DataFrame, expected: list[dict]) -> pd.DataFrame:
+    """Rows with status MISSING for expected cells (dicts with `run_id`, `cell` and the axes)
+    that no loaded run carries (matched on the suite `run_id` tag, else on `cell`)."""
+    have_ids = set(runs["run_id"])
+    have_cells = set(runs["cell"].dropna().astype(int))
+    rows = []
+    for cell in expected:
+        if cell.get("run_id") in have_ids:
+            continue
+        if not cell.get("run_id") and cell.get("cell") in have_cells:
+            continue
+        row = {c: "" for c in RUN_COLUMNS}
+        row.update({k: v for k, v in cell.items() if k in RUN_COLUMNS})
+        row["status"] = MISSING
+        row["mlflow_run_id"] = ""
+        row["uaq_s"] = _float(row.get("uaq_s"))
+        row["aligned_forward"] = str(row.get("aligned_forward", "false")).lower() == "true"
+        row["lr"] = _float(cell.get("lr"))
+        row["method"] = method_label(row["correction"], row["aligned_forward"], row["precision"])
+        rows.append(row)
+    if not rows:
+        return runs
+    extra = coerce_runs(pd.DataFrame(rows).reindex(columns=[*RUN_COLUMNS, ACC]))
+    return pd.concat([runs, extra], ignore_index=True)

@@ -1,0 +1,296 @@
+"""Figures of the report, drawn from the tidy frames (`suite.report.data`); no computing here
+beyond averaging seeds for a line. Each function returns a matplotlib Figure (Agg backend);
+`save` writes it as PNG and SVG. Only FINISHED runs are drawn.
+
+Lines are means over seeds; the shaded band spans the seeds' min..max (not a confidence
+interval: with a handful of seeds it shows the spread honestly), or the 25-75% quantiles
+when more than BAND_MINMAX_MAX_RUNS runs make up a line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from suite.report.data import ACC, FINISHED
+from suite.report.tables import FULL, GROUP, with_lr_factor
+
+# QuRL's drift of KL(quantized || full precision): 0.002 early, 0.025 after ~1000 steps (SPEC.md).
+PAPER_KL = (0.002, 0.025)
+DPI = 130
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 8,
+                         "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": DPI, "svg.fonttype": "none"})
+    return plt
+
+
+def save(fig, directory: Path, name: str) -> list[Path]:
+    """Write `fig` as directory/name.png and .svg; close it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / f"{name}.png", directory / f"{name}.svg"]
+    for p in paths:
+        fig.savefig(p, bbox_inches="tight", dpi=DPI)
+    _plt().close(fig)
+    return paths
+
+
+BAND_MINMAX_MAX_RUNS = 5  # up to this many runs per line the band is min..max, above it the 25-75% quantiles
+MAX_LINES = 12  # more configurations than this in one panel: average over the minor axes
+
+
+def _label_cols(h: pd.DataFrame) -> list[str]:
+    """Axes that vary in `h` (and so must appear in a line's label), in reading order. With
+    more than MAX_LINES configurations, lines average over the axes other than precision and
+    method (the title says so through `_averaged`)."""
+    vary = [c for c in (*GROUP, "uaq_s", "lr") if h[c].nunique(dropna=False) > 1]
+    cols = ["precision", "method", *vary]
+    if vary and len(h.drop_duplicates(cols)) > MAX_LINES:
+        return ["precision", "method"]
+    return cols
+
+
+def _averaged(h: pd.DataFrame, cols: list[str]) -> str:
+    over = [c for c in (*GROUP, "uaq_s", "lr") if c not in cols and h[c].nunique(dropna=False) > 1]
+    return f"\n(lines: mean over {', '.join('UAQ s' if c == 'uaq_s' else c for c in over)})" if over else ""
+
+
+def _label(row: dict, cols: list[str]) -> str:
+    parts = []
+    for c in cols:
+        v = row[c]
+        if c == "uaq_s":
+            parts.append(f"s={v:g}")
+        elif c == "lr":
+            parts.append(f"lr={v:g}")
+        else:
+            parts.append(str(v))
+    return " ".join(parts)
+
+
+def _lines(h: pd.DataFrame, key: str, cols: list[str]):
+    """(label, steps, mean, min, max) per configuration, averaging finished seeds."""
+    h = h[h["status"] == FINISHED].dropna(subset=[key])
+    for cfg, g in h.groupby(cols, sort=True, dropna=False):
+        row = dict(zip(cols, cfg if isinstance(cfg, tuple) else (cfg,)))
+        by = g.groupby("step")[key]
+        s = by.agg(["mean", "min", "max", "count"]).sort_index()
+        if s["count"].max() > BAND_MINMAX_MAX_RUNS:  # many runs per line: the 25-75% band, not min..max
+            q = by.quantile([0.25, 0.75]).unstack().sort_index()
+            s["min"], s["max"] = q[0.25], q[0.75]
+        yield _label(row, cols), s.index.to_numpy(), s["mean"].to_numpy(), s["min"].to_numpy(), s["max"].to_numpy()
+
+
+def _axes_style(ax, integer_x: bool = True) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.ticklabel_format(axis="y", useOffset=False)
+
+
+def _empty(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no finished run logged {what}", ha="center", va="center", transform=ax.transAxes, color="0.4")
+
+
+def _legend(ax, n: int) -> None:
+    if n:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+
+
+def kl_vs_step(history: pd.DataFrame):
+    """KL(quantized || full precision) vs RL step per configuration, with QuRL's drift marked."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    key = "rollout_corr/kl"
+    h = history[history["step"] >= 1]
+    n = 0
+    note = ""
+    if key in h.columns:
+        cols = _label_cols(h)
+        note = _averaged(h[h["status"] == FINISHED], cols)
+        for label, x, y, lo, hi in _lines(h, key, cols):
+            (line,) = ax.plot(x, y, marker="o", ms=3, label=label)
+            ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
+            n += 1
+    if not n:
+        _empty(ax, key)
+    for v, txt in zip(PAPER_KL, ("start", "after ~1000 steps")):
+        ax.axhline(v, color="0.35", ls=":", lw=1.2)
+        ax.annotate(f"paper (QuRL): {v} {txt}", xy=(0.0, v), xycoords=("axes fraction", "data"), xytext=(4, 3),
+                    textcoords="offset points", fontsize=8, color="0.3")
+    _axes_style(ax)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("KL(π_behav ‖ π_prox)  (nats / token)")
+    ax.set_title("Rollout mismatch: KL(quantized ‖ full precision) vs step  (rollout_corr/kl)" + note)
+    _legend(ax, n)
+    return fig
+
+
+def reward_vs_step(history: pd.DataFrame):
+    """Training reward vs step for naive / TIS / ACR (one panel per low-bit precision, with the
+    full-precision baseline drawn in each): the collapse of naive quantized RL shows here."""
+    plt = _plt()
+    key = "critic/score/mean"
+    h = history[(history["step"] >= 1) & (history["status"] == FINISHED)]
+    precs = sorted(p for p in h["precision"].unique() if p not in FULL) or ["(none)"]
+    fig, axes = plt.subplots(1, len(precs), figsize=(4.6 * len(precs) + 1.8, 3.8), sharey=True, squeeze=False)
+    base = h[h["precision"].isin(FULL)]
+    cols_all = [c for c in _label_cols(h) if c != "precision"] or ["method"]
+    for ax, prec in zip(axes[0], precs):
+        sub = pd.concat([base, h[h["precision"] == prec]])
+        n = 0
+        if key in sub.columns and not sub.empty:
+            cols = ["precision", *cols_all] if len(sub["precision"].unique()) > 1 else cols_all
+            for label, x, y, lo, hi in _lines(sub, key, cols):
+                (line,) = ax.plot(x, y, marker="o", ms=3, label=label, ls="--" if label.split()[0] in FULL else "-")
+                ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
+                n += 1
+        if not n:
+            _empty(ax, key)
+        _axes_style(ax)
+        ax.set_title(f"rollout precision: {prec}")
+        ax.set_xlabel("RL step")
+        _legend(ax, n) if ax is axes[0][-1] else (ax.legend(frameon=False) if n else None)
+    axes[0][0].set_ylabel("mean reward (verifier score, 0–1)")
+    fig.suptitle("Training reward vs step (critic/score/mean): naive vs TIS vs ACR" + _averaged(h, ["precision", *cols_all]),
+                 y=1.02)
+    return fig
+
+
+CLIP_IS_PANELS = (
+    ("actor/pg_clipfrac", "clipped tokens (fraction)"),
+    ("rollout_corr/rollout_is_mean", "IS weight min(r, C), mean"),
+    ("rollout_corr/rollout_is_max", "IS weight min(r, C), max"),
+    ("rollout_corr/rollout_is_ratio_fraction_high", "truncated IS weights (fraction, r > C)"),
+)
+
+
+def clip_is_vs_step(history: pd.DataFrame):
+    """Clip fraction and importance-weight statistics vs step per configuration."""
+    plt = _plt()
+    h = history[history["step"] >= 1]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex=True)
+    cols = _label_cols(h) if not h.empty else ["precision", "method"]
+    n_any = 0
+    for ax, (key, ylabel) in zip(axes.flat, CLIP_IS_PANELS):
+        n = 0
+        if key in h.columns:
+            for label, x, y, lo, hi in _lines(h, key, cols):
+                (line,) = ax.plot(x, y, marker="o", ms=3, label=label)
+                ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
+                n += 1
+        if not n:
+            _empty(ax, key)
+        _axes_style(ax)
+        ax.set_title(key, fontsize=9)
+        ax.set_ylabel(ylabel)
+        n_any = max(n_any, n)
+    for ax in axes[1]:
+        ax.set_xlabel("RL step")
+    handles, labels = next(((a.get_legend_handles_labels()) for a in axes.flat if a.get_legend_handles_labels()[0]),
+                           ([], []))
+    if handles:
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    fig.suptitle("Clipping and importance-sampling weights vs step" + _averaged(h[h["status"] == FINISHED], cols), y=1.0)
+    fig.tight_layout()
+    return fig
+
+
+def visibility_vs_s(runs: pd.DataFrame):
+    """Weight-update visibility (quantized codes changed per step, %) vs UAQ scale s, per
+    precision; runs at the reference learning rate. Error bars: min..max over seeds."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    r = with_lr_factor(runs)
+    r = r[(r["status"] == FINISHED) & (r["lr_factor"] == 1.0) & ~r["precision"].isin(FULL) & r["visibility"].notna()]
+    n = 0
+    group_cols = [c for c in (*GROUP, "precision", "method") if r[c].nunique() > 1] or ["precision"]
+    note = ""
+    if len(r.drop_duplicates(group_cols)) > MAX_LINES:
+        group_cols = ["precision"]
+        note = _averaged(r.assign(uaq_s=1.0, lr=1.0), ["precision", "method"]).replace("\n(lines: mean over ", "\n(mean over method, ")
+    for key, g in r.groupby(group_cols, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        s = g.groupby("uaq_s")["visibility"].agg(["mean", "min", "max"]).sort_index() * 100
+        ax.errorbar(s.index, s["mean"], yerr=[s["mean"] - s["min"], s["max"] - s["mean"]], marker="o", capsize=3,
+                    label=" ".join(map(str, key)))
+        n += 1
+    if not n:
+        _empty(ax, "quant/update_code_changed_frac")
+    ax.set_xlabel("UAQ invariant scale s  (1 = no UAQ)")
+    ax.set_ylabel("quantized codes changed per step (%)")
+    ax.set_title("Weight-update visibility vs UAQ scale (quant/update_code_changed_frac)" + note)
+    _legend(ax, n)
+    return fig
+
+
+def throughput_bars(thr: pd.DataFrame):
+    """Rollout tokens/s per precision, grouped by model size, with the speed-up over BF16/FP32."""
+    plt = _plt()
+    models = list(dict.fromkeys(thr["model"])) or ["(none)"]
+    precs = list(dict.fromkeys(thr["precision"]))
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.6 * len(models) * max(1, len(precs)) / 2 + 3), 4))
+    width = 0.8 / max(1, len(precs))
+    for i, prec in enumerate(precs):
+        sub = thr[thr["precision"] == prec].set_index("model").reindex(models)
+        xs = np.arange(len(models)) + (i - (len(precs) - 1) / 2) * width
+        bars = ax.bar(xs, sub["gen_tokens_per_s"].fillna(0), width, label=prec)
+        for b, sp, ref, n in zip(bars, sub["speedup"], sub["speedup_ref"], sub["n"]):
+            if not n or np.isnan(n):
+                ax.annotate(f"{prec}: no finished run", (b.get_x() + b.get_width() / 2, 0), ha="center", va="bottom",
+                            fontsize=8, rotation=90, xytext=(0, 4), textcoords="offset points", color="0.35")
+            elif isinstance(ref, str) and ref and not np.isnan(sp):
+                ax.annotate(f"{sp:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
+                            fontsize=8, xytext=(0, 2), textcoords="offset points")
+    if thr.empty:
+        _empty(ax, "perf/gen_tokens_per_s")
+    ax.set_xticks(np.arange(len(models)), [f"model: {m}" for m in models])
+    ax.set_ylabel("rollout throughput (generated tokens / s)")
+    ax.set_title("Rollout throughput (perf/gen_tokens_per_s); labels: speed-up vs BF16 (else FP32)")
+    ax.legend(title="rollout precision", frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def accuracy_vs_step(history: pd.DataFrame):
+    """Held-out accuracy (%) vs step per configuration (step 0 = after the warm start)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    h = history.dropna(subset=[ACC]).assign(acc_pct=lambda d: d[ACC] * 100)
+    n = 0
+    note = ""
+    if not h.empty:
+        cols = _label_cols(h)
+        note = _averaged(h[h["status"] == FINISHED], cols)
+        for label, x, y, lo, hi in _lines(h, "acc_pct", cols):
+            (line,) = ax.plot(x, y, marker="o", ms=3, label=label)
+            ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
+            n += 1
+    if not n:
+        _empty(ax, "held-out accuracy")
+    _axes_style(ax)
+    ax.set_xlabel("RL step (0 = after warm start)")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_title("Held-out accuracy vs step (val-core/<task>/acc/mean@1)" + note)
+    _legend(ax, n)
+    return fig
+
+
+def build_figures(runs: pd.DataFrame, history: pd.DataFrame, thr: pd.DataFrame) -> dict:
+    """Every figure of the report, keyed by file stem."""
+    return {
+        "kl_vs_step": kl_vs_step(history),
+        "reward_vs_step": reward_vs_step(history),
+        "clip_is_vs_step": clip_is_vs_step(history),
+        "visibility_vs_s": visibility_vs_s(runs),
+        "throughput": throughput_bars(thr),
+        "accuracy_vs_step": accuracy_vs_step(history),
+    }

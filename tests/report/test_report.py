@@ -1,0 +1,244 @@
+"""`suite report` on a real sweep (tests/report/conftest.py): the tables' numbers against the
+runs' own records (metrics.jsonl, summary.json), the bootstrap CI against a direct
+computation, missing/failed/running cells listed and not averaged, figures, HTML and the
+executed notebook, artifacts on the sweep's parent run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from suite.report import data as D
+from suite.report import tables as T
+from _store import STEPS, TASK, jsonl_metrics
+
+ACC_KEY = f"val-core/{TASK}/acc/mean@1"  # JSONL keeps verl's original name
+
+
+def direct_ci(values, n_resamples=T.N_RESAMPLES, seed=T.CI_SEED):
+    """The percentile bootstrap written out, one resample at a time."""
+    x = [float(v) for v in values]
+    rng = np.random.default_rng(seed)
+    means = []
+    for _ in range(n_resamples):
+        idx = rng.integers(0, len(x), size=len(x))
+        means.append(sum(x[i] for i in idx) / len(x))
+    means.sort()
+    # numpy's default 'linear' percentile: position p/100 * (B - 1), interpolated
+    out = []
+    for p in (2.5, 97.5):
+        pos = p / 100 * (len(means) - 1)
+        lo = int(np.floor(pos))
+        frac = pos - lo
+        out.append(means[lo] + (means[min(lo + 1, len(means) - 1)] - means[lo]) * frac)
+    return tuple(out)
+
+
+@pytest.fixture(scope="module")
+def loaded(sweep_store):
+    return D.load_runs(sweep_store.tracking_uri, experiment="report-test", parent_run_id=sweep_store.parent_run_id)
+
+
+@pytest.fixture(scope="module")
+def cell_runs(sweep_store):
+    """cell index -> (cell, summary.json or None, jsonl entries)."""
+    out = {}
+    for c in sweep_store.cells:
+        summary_path = Path(c.run_dir) / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        entries = jsonl_metrics(c.run_dir) if (Path(c.run_dir) / "metrics.jsonl").exists() else []
+        out[c.index] = (c, summary, entries)
+    return out
+
+
+def test_bootstrap_ci_matches_direct_computation():
+    values = [0.113, 0.52, 0.871, 0.342, 0.605, 0.29, 0.4475]
+    got = T.bootstrap_ci(values)
+    want = direct_ci(values)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    # hand-checkable: two values a < b -> resample means a, (a+b)/2, b with p = 1/4, 1/2, 1/4,
+    # so with 10,000 resamples the 2.5% and 97.5% percentiles are a and b.
+    assert T.bootstrap_ci([0.2, 0.6]) == (0.2, 0.6)
+    assert T.bootstrap_ci([0.3]) == (0.3, 0.3)
+    assert all(np.isnan(T.bootstrap_ci([])))
+    # seeded: the same interval every time; another seed draws other resamples
+    assert T.bootstrap_ci(values, seed=0) == T.bootstrap_ci(values, seed=0)
+    assert T.bootstrap_ci(values, seed=0) != T.bootstrap_ci(values, seed=1)
+
+
+def test_runs_frame_statuses_and_axes(loaded, sweep_store):
+    runs = loaded.runs
+    want = {s: sum(1 for o in sweep_store.outcome.values() if o == s) for s in ("FINISHED", "FAILED", "RUNNING")}
+    assert runs["status"].value_counts().to_dict() == want
+    by_cell = runs.set_index("cell")
+    for c in sweep_store.cells:
+        if sweep_store.outcome[c.index] == "MISSING":
+            assert c.index not in by_cell.index
+            continue
+        row = by_cell.loc[c.index]
+        a = c.config_axes
+        assert row["run_id"] == c.run_id
+        assert row["status"] == sweep_store.outcome[c.index]
+        assert (row["precision"], row["correction"], f"{row['uaq_s']:g}", str(row["seed"])) == (
+            a["precision"], a["correction"], a["uaq_s"], a["seed"])
+        assert row["sweep"] == "report-test" and row["parent_run_id"] == sweep_store.parent_run_id
+
+
+def test_history_matches_jsonl(loaded, cell_runs, sweep_store):
+    """The long form holds exactly the values each finished run logged, step by step."""
+    h = loaded.history
+    runs = loaded.runs.set_index("cell")
+    checked = 0
+    for idx, (c, summary, entries) in cell_runs.items():
+        if sweep_store.outcome[idx] != "FINISHED":
+            continue
+        rid = runs.loc[idx, "mlflow_run_id"]
+        mine = h[h["mlflow_run_id"] == rid].set_index("step")
+        assert sorted(mine.index) == sorted(e["step"] for e in entries) == list(range(STEPS + 1))
+        for e in entries:
+            for key in ("rollout_corr/kl", "critic/score/mean", "quant/update_code_changed_frac", "perf/gen_tokens_per_s"):
+                if key in e["metrics"]:
+                    assert mine.loc[e["step"], key] == pytest.approx(e["metrics"][key], rel=1e-12)
+                    checked += 1
+            if ACC_KEY in e["metrics"]:
+                assert mine.loc[e["step"], "acc"] == e["metrics"][ACC_KEY]
+    assert checked >= 5 * STEPS * 4
+
+
+def test_main_table_against_runs(loaded, cell_runs, sweep_store):
+    runs = D.add_missing(loaded.runs, [{"cell": c.index, "run_id": c.run_id, "lr": float(c.cfg.train.lr),
+                                        **c.config_axes} for c in sweep_store.cells])
+    main = T.main_table(runs)
+    # Expected from summary.json (the trainer's own final accuracy), by (precision, method, s).
+    groups: dict = {}
+    for idx, (c, summary, _) in cell_runs.items():
+        a = c.config_axes
+        method = D.method_label(a["correction"], a["aligned_forward"] == "true", a["precision"])
+        groups.setdefault((a["precision"], method, float(a["uaq_s"])), []).append((sweep_store.outcome[idx], summary, a))
+    for (prec, method, s), members in groups.items():
+        row = main[(main["precision"] == prec) & (main["method"] == method) & (main["uaq_s"] == s)]
+        assert len(row) == 1, (prec, method, s)
+        row = row.iloc[0]
+        done = [m for m in members if m[0] == "FINISHED"]
+        vals = [m[1]["final_acc"] * 100 for m in done]
+        assert row["n"] == len(vals)
+        assert row["seeds"] == " ".join(sorted(m[2]["seed"] for m in done))
+        if vals:
+            assert row["acc_pct"] == pytest.approx(sum(vals) / len(vals), rel=1e-12)
+            lo, hi = direct_ci(vals) if len(vals) > 1 else (vals[0], vals[0])
+            assert (row["acc_ci_low"], row["acc_ci_high"]) == (pytest.approx(lo, rel=1e-12), pytest.approx(hi, rel=1e-12))
+        else:
+            assert np.isnan(row["acc_pct"])
+        others = sorted(m[0] for m in members if m[0] != "FINISHED")
+        assert row["not_averaged"] == ", ".join(f"{others.count(s_)} {s_}" for s_ in sorted(set(others)))
+    # The papers' grid rows nobody ran are there, as missing (n = 0): e.g. FP8 TIS.
+    fp8_tis = main[(main["precision"] == "fp8") & (main["method"] == "TIS")]
+    assert len(fp8_tis) == 1 and fp8_tis.iloc[0]["n"] == 0
+    assert "missing" in T.display_main(fp8_tis)["acc % [95% CI]"].iloc[0]
+
+
+def test_uaq_and_throughput_against_jsonl(loaded, cell_runs, sweep_store):
+    runs = loaded.runs
+    uaq = T.uaq_table(runs)
+    thr = T.throughput_table(runs)
+
+    def rl_mean(entries, key):
+        vals = [e["metrics"][key] for e in entries if e["step"] >= 1 and key in e["metrics"]]
+        return sum(vals) / len(vals)
+
+    per = {}
+    for idx, (c, summary, entries) in cell_runs.items():
+        if sweep_store.outcome[idx] == "FINISHED":
+            a = c.config_axes
+            per.setdefault((a["precision"], a["correction"], float(a["uaq_s"])), []).append(entries)
+    # UAQ: int8 ACR at s = 1 (1 seed) and s = 1.5 (2 seeds); visibility = mean over steps, then seeds.
+    for s in (1.0, 1.5):
+        row = uaq[(uaq["precision"] == "int8") & (uaq["method"] == "ACR") & (uaq["uaq_s"] == s)].iloc[0]
+        want = np.mean([rl_mean(e, "quant/update_code_changed_frac") for e in per[("int8", "acr", s)]]) * 100
+        assert row["visibility_pct"] == pytest.approx(want, rel=1e-9)
+        assert row["setting"] == ("no UAQ (s=1)" if s == 1.0 else "s=1.5")
+    # the paper's grid for int8 ACR (two settings ran): s = 2 and the LR controls show as missing
+    grid = uaq[(uaq["precision"] == "int8") & (uaq["method"] == "ACR")]
+    assert {"s=2", "LR x1.5 (s=1)", "LR x2 (s=1)"} <= set(grid.loc[grid["n"] == 0, "setting"])
+    # Throughput: tokens/s mean over runs of the mean over RL steps; speed-up over BF16 of the same model.
+    def prec_mean(prec, key):
+        return np.mean([rl_mean(e, key) for (p, _, _), es in per.items() if p == prec for e in es])
+
+    bf16 = prec_mean("bf16", "perf/gen_tokens_per_s")
+    int8 = prec_mean("int8", "perf/gen_tokens_per_s")
+    row = thr[(thr["precision"] == "int8")].iloc[0]
+    assert row["gen_tokens_per_s"] == pytest.approx(int8, rel=1e-9)
+    assert row["speedup"] == pytest.approx(int8 / bf16, rel=1e-9) and row["speedup_ref"] == "bf16"
+    assert row["sync_s"] == pytest.approx(prec_mean("int8", "timing_s/update_weights"), rel=1e-9)
+    assert row["not_averaged"] == "1 RUNNING"
+    fp8 = thr[thr["precision"] == "fp8"].iloc[0]
+    assert fp8["n"] == 0 and fp8["not_averaged"] == "1 FAILED" and np.isnan(fp8["gen_tokens_per_s"])
+
+
+def test_cli_report_on_the_sweep(sweep_store, tmp_path):
+    """Subprocess smoke: `suite report SWEEP_FILE` writes everything and logs it to the parent run."""
+    out = tmp_path / "report"
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run([sys.executable, "-m", "suite.cli", "report", str(sweep_store.sweep_file), "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "6 FINISHED" in proc.stdout and "2 MISSING" in proc.stdout, proc.stdout
+    for name in ("main", "uaq_ablation", "throughput", "kl_drift", "paper_vs_main", "paper_vs_uaq",
+                 "paper_vs_throughput", "paper_vs_kl", "runs_not_averaged"):
+        for ext in ("csv", "md", "tex"):
+            assert (out / "tables" / f"{name}.{ext}").stat().st_size > 0, (name, ext)
+    for name in ("kl_vs_step", "reward_vs_step", "clip_is_vs_step", "visibility_vs_s", "throughput", "accuracy_vs_step"):
+        png = out / "figures" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000, name
+        svg = (out / "figures" / f"{name}.svg").read_text()
+        assert "<svg" in svg and len(svg) > 5000, name
+    # Not averaged: the failed and the running run and the two missing cells are listed.
+    status = pd.read_csv(out / "tables" / "runs_not_averaged.csv")
+    assert sorted(status["status"]) == ["FAILED", "MISSING", "MISSING", "RUNNING"]
+    missing_cells = sorted(i for i, o in sweep_store.outcome.items() if o == "MISSING")
+    assert sorted(status.loc[status["status"] == "MISSING", "cell"].astype(int)) == missing_cells
+    main = pd.read_csv(out / "tables" / "main.csv")
+    fp8 = main[(main["precision"] == "fp8") & (main["method"] == "ACR")].iloc[0]
+    assert fp8["n"] == 0 and fp8["not_averaged"] == "1 FAILED, 1 MISSING"
+    # Paper and measured are labelled apart in every comparison table.
+    pvm = pd.read_csv(out / "tables" / "paper_vs_main.csv")
+    assert pvm.loc[(pvm["precision"] == "int8") & (pvm["method"] == "ACR"), "paper: QuRL GSM8K (%)"].iloc[0] == 53.55
+    assert any(c.startswith("measured: arith/tiny/grpo") for c in pvm.columns)
+    # The executed notebook: every code cell ran without error and produced output.
+    nb = nbformat.read(out / "report.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.get("execution_count") for c in code)
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
+    assert sum(1 for c in code for o in c.outputs if "image/png" in o.get("data", {})) >= 6
+    page = (out / "report.html").read_text()
+    assert len(page) > 50_000 and "Paper vs measured: main table" in page and 'class="paper"' in page
+    assert 'class="measured"' in page and "FAILED" in page and "MISSING" in page
+    # Logged as artifacts of the sweep's parent run.
+    client = MlflowClient(tracking_uri=sweep_store.tracking_uri)
+    names = {a.path for a in client.list_artifacts(sweep_store.parent_run_id, "report")}
+    assert {"report/report.html", "report/tables", "report/figures"} <= names
+
+
+def test_cli_bad_input_names_the_option(sweep_store, tmp_path):
+    env = {**os.environ}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    base = [sys.executable, "-m", "suite.cli", "report", "--tracking-uri", sweep_store.tracking_uri, "--out", str(tmp_path)]
+    p = subprocess.run(base + ["--experiment", "no-such-exp"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 2 and "--experiment 'no-such-exp'" in p.stderr and "report-test" in p.stderr, p.stderr
+    p = subprocess.run(base + ["--runs", "tags.precision === 'x'"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 2 and "--runs" in p.stderr, p.stderr
+    p = subprocess.run(base + ["--experiment", "report-test", "--resamples", "100"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert p.returncode == 2 and "--resamples=100" in p.stderr
+    assert not any(tmp_path.iterdir())  # nothing written before the input was checked
+
