@@ -1,0 +1,124 @@
+"""`suite sweep FILE`, `suite status FILE`, `suite cancel FILE` (registered in suite.cli._PLUGINS).
+
+    suite sweep experiments/quickstart.yaml --dry-run        # the expanded matrix; submits nothing
+    suite sweep experiments/quickstart.yaml                  # run it here (bounded concurrency), wait
+    suite sweep experiments/main_table.yaml launcher=slurm cluster=h100x8   # a job array; returns
+    suite status experiments/main_table.yaml                 # done / running / pending / failed
+    suite cancel experiments/main_table.yaml                 # cancel what is queued or running
+
+Arguments after FILE are Hydra overrides for every cell, except `launcher=local|slurm`,
+`launcher.<field>=...`, `cluster=<profile>` and `resources.<field>=...`, which configure the
+sweep (`--launcher`, `--profile`, `--max-parallel` are the same as flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+def _reparse(args: argparse.Namespace, kind: str) -> argparse.Namespace:
+    """Options may follow FILE (`suite sweep FILE --dry-run steps=10`): argparse cannot split
+    positionals around options, so everything after FILE is parsed again, intermixed."""
+    p = argparse.ArgumentParser(prog=f"suite {kind} FILE")
+    _options(p, kind)
+    p.add_argument("overrides", nargs="*")
+    return p.parse_intermixed_args(args.rest, namespace=args)
+
+
+def _load(args: argparse.Namespace):
+    from suite.sweep.spec import SweepError, load_sweep
+
+    args = _reparse(args, args.kind)
+    extra = list(args.overrides)
+    if getattr(args, "launcher", None):
+        extra.append(f"launcher={args.launcher}")
+    if getattr(args, "profile", None):
+        extra.append(f"cluster={args.profile}")
+    if getattr(args, "max_parallel", None):
+        extra.append(f"launcher.max_parallel={args.max_parallel}")
+    try:
+        return load_sweep(args.file, extra)
+    except SweepError as exc:
+        print(f"suite: bad sweep: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def print_matrix(sweep, stream=None) -> None:
+    """The dry-run table: one row per run with its axes and run id, then its command."""
+    stream = stream or sys.stdout
+    keys = sweep.axis_keys
+    rows = [[str(c.index), *(c.axes.get(k, "-") for k in keys), c.run_id] for c in sweep.cells]
+    header = ["cell", *keys, "run id"]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    launcher = sweep.launcher.name + (f" (profile {sweep.launcher.profile})" if sweep.launcher.name == "slurm" else "")
+    print(f"sweep {sweep.name}: {len(sweep.cells)} cells, launcher {launcher}, "
+          f"at most {sweep.launcher.max_parallel} at once; state {sweep.state_dir}", file=stream)
+    print(fmt.format(*header), file=stream)
+    for c, r in zip(sweep.cells, rows):
+        print(fmt.format(*r), file=stream)
+        print(f"    $ {shlex.join(c.command())}", file=stream)
+    print(f"dry run: nothing submitted ({len(sweep.cells)} cells validated)", file=stream, flush=True)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    sweep = _load(args)
+    args = _reparse(args, "sweep")
+    if args.dry_run:
+        print_matrix(sweep)
+        return 0
+    from suite.sweep.launch import launch
+    from suite.sweep.spec import SweepError
+
+    try:
+        return launch(sweep, retry_failed=args.retry_failed, wait=args.wait or None)
+    except SweepError as exc:
+        print(f"suite: cannot launch: {exc}", file=sys.stderr)
+        return 2
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from suite.sweep.launch import cell_states, parent_run, print_states, set_parent_status
+
+    sweep = _load(args)
+    states = cell_states(sweep)
+    print(f"sweep {sweep.name} ({sweep.path}); state {sweep.state_dir}")
+    print_states(states)
+    if all(s.state == "done" for s in states) and parent_run(sweep, create=False):
+        set_parent_status(sweep, "FINISHED")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from suite.sweep.launch import cancel
+
+    sweep = _load(args)
+    cancel(sweep)
+    return 0
+
+
+def register(subparsers) -> None:
+    verbs = (("sweep", cmd_sweep, "expand a sweep file and run its matrix (local or SLURM)"),
+             ("status", cmd_status, "state of each cell of a sweep"),
+             ("cancel", cmd_cancel, "cancel a sweep's queued and running jobs"))
+    for name, func, text in verbs:
+        p = subparsers.add_parser(name, help=text, description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        _options(p, name)
+        p.add_argument("file", help="sweep file, e.g. experiments/quickstart.yaml (status/cancel: with the "
+                                    "same overrides it was launched with)")
+        p.add_argument("rest", nargs=argparse.REMAINDER, metavar="OVERRIDES",
+                       help="Hydra overrides for every cell (e.g. steps=10), launcher=..., cluster=...")
+        p.set_defaults(func=func, kind=name)
+
+
+def _options(p: argparse.ArgumentParser, kind: str) -> None:
+    if kind == "sweep":
+        p.add_argument("--dry-run", action="store_true", help="print the expanded matrix and commands; submit nothing")
+        p.add_argument("--retry-failed", action="store_true", help="re-submit failed cells too")
+        p.add_argument("--wait", action="store_true", help="slurm: wait for the array and print each result")
+    p.add_argument("--launcher", choices=("local", "slurm"), help="= launcher=NAME")
+    p.add_argument("--profile", help="slurm cluster profile in slurm/profiles/ (= cluster=NAME)")
+    p.add_argument("--max-parallel", type=int, help="runs at once (= launcher.max_parallel=N)")

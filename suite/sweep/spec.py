@@ -1,0 +1,524 @@
+"""Sweep files: a base config plus matrix axes, expanded into validated cells.
+
+    sweep = load_sweep("experiments/quickstart.yaml", ["steps=10"])
+    for cell in sweep.cells: print(cell.index, cell.axes, cell.run_id)
+
+The format is documented in docs/sweeps.md (and experiments/README.md). Every cell is
+composed and validated here, before anything is created or submitted; the first bad one
+raises `SweepError` naming the file, the cell and the key.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+LAUNCHERS = ("local", "slurm")
+TOP_KEYS = ("name", "description", "base", "matrix", "include", "exclude", "resources", "launcher")
+# Profiles ship in slurm/profiles/ at the repository root (beside the suite package).
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "slurm" / "profiles"
+DEFAULT_PROFILE = "dev"  # the local development cluster (slurm/dev-cluster.sh)
+# Names that become directory names, SLURM job names or sbatch option values: no shell or path syntax.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_SBATCH_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:+@%=/-]{1,200}$")
+_KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(@[A-Za-z0-9_.]+)?$")
+# Unquoted Hydra values that need no quoting (anything else is single-quoted, escaped).
+_PLAIN_VALUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+
+
+class SweepError(ValueError):
+    """A sweep file, override or cell that cannot run; the message names file, cell and key."""
+
+
+@dataclass
+class LauncherConfig:
+    name: str = "local"  # local (this machine, submitit LocalExecutor) | slurm (submitit job arrays)
+    max_parallel: int = 2  # runs at once: local processes, or the SLURM array's %N throttle
+    profile: str = DEFAULT_PROFILE  # slurm: profile name in slurm/profiles/ (or a path to a .yaml)
+    poll_s: float = 5.0  # seconds between job-state polls while waiting
+    max_requeue: int = 3  # preemptions/timeouts after which a run is not requeued (submitit max_num_timeout)
+
+
+@dataclass
+class Resources:
+    """Per-run resources; None = the profile's value (local launcher: only timeout_min is used)."""
+
+    timeout_min: Optional[int] = None  # wall-clock limit of one job (minutes); then checkpoint + requeue
+    nodes: Optional[int] = None  # nodes per run (multi-node: backend=verl, a later issue)
+    gpus_per_node: Optional[int] = None  # GPUs per node
+    cpus_per_task: Optional[int] = None  # CPU cores per run
+    mem_gb: Optional[float] = None  # memory per node (GB)
+
+
+@dataclass
+class SlurmProfile:
+    """A cluster profile (slurm/profiles/<name>.yaml): where and how SLURM runs a cell."""
+
+    description: str = ""  # one line: the machine it describes
+    partition: Optional[str] = None  # sbatch --partition (None = the cluster default)
+    account: Optional[str] = None  # sbatch --account
+    qos: Optional[str] = None  # sbatch --qos
+    constraint: Optional[str] = None  # sbatch --constraint (node features, e.g. h100)
+    nodes: int = 1  # nodes per run (> 1: multi-node verl runs; embedded runs use one)
+    tasks_per_node: int = 1  # processes per node (1: the runner starts its own workers, e.g. Ray)
+    gpus_per_node: int = 0  # GPUs per node (--gpus-per-node)
+    cpus_per_task: int = 1  # CPU cores per task
+    mem_gb: Optional[float] = None  # memory per node in GB (None = the partition default)
+    timeout_min: int = 60  # time limit of one job (minutes); requeued from the checkpoint after it
+    array_parallelism: int = 64  # cap of concurrently running array tasks (min with launcher.max_parallel)
+    signal_delay_s: int = 120  # USR2 this many seconds before the time limit (checkpoint + requeue)
+    setup: List[str] = field(default_factory=list)  # trusted shell lines before the run (module load ...)
+    additional: Dict[str, str] = field(default_factory=dict)  # extra sbatch options, e.g. {exclusive: "user"}
+
+
+@dataclass
+class Cell:
+    """One run of a sweep."""
+
+    index: int  # position in the expanded matrix (stable for a given file)
+    overrides: List[str]  # Hydra overrides that reproduce the run: `suite run <overrides>`
+    axes: Dict[str, str]  # the matrix/include values that define this cell (override key -> value)
+    cfg: DictConfig  # composed and validated config
+    run_id: str  # suite.config.run_id(cfg)
+    run_dir: str  # absolute: <out_dir>/<run_id>
+
+    @property
+    def config_axes(self) -> dict[str, str]:
+        """The experiment axes of the run (`suite.config.axes`): MLflow tags, report columns."""
+        from suite.config import axes
+
+        return axes(self.cfg)
+
+    def command(self) -> list[str]:
+        """argv that runs this cell by hand: `suite run ...` (embedded) or verl's main_ppo (verl)."""
+        if self.cfg.backend.name == "verl":
+            try:
+                from suite.verl.translate import verl_command
+            except ImportError as exc:  # HOOK: suite.verl (issue 6) provides the translator
+                return [f"<verl translator unavailable: {exc}>"]
+            return list(verl_command(self.cfg, self.run_dir))
+        return ["suite", "run", *self.overrides]
+
+
+@dataclass
+class Sweep:
+    name: str  # sweep name: MLflow parent run name, SLURM job name, state directory name
+    path: str  # absolute path of the sweep file
+    text: str  # the sweep file as read (logged as an artifact of the parent run)
+    description: str
+    launcher: LauncherConfig
+    resources: Resources
+    profile: Optional[SlurmProfile]  # resolved profile (slurm launcher only)
+    profile_path: Optional[str]
+    axis_keys: List[str]  # matrix (and include) keys, in file order
+    cli_overrides: List[str]  # overrides given after the file, applied to every cell
+    cells: List[Cell]
+    state_dir: str  # <out_dir>/_sweeps/<name>: matrix, job ids, submitit folder, parent run id
+    tracking_uri: str
+    experiment: str
+
+    def matrix_rows(self) -> list[dict[str, str]]:
+        rows = []
+        for c in self.cells:
+            row = {"cell": str(c.index), **{k: c.axes.get(k, "") for k in self.axis_keys}, "run_id": c.run_id,
+                   "run_dir": c.run_dir, "overrides": " ".join(c.overrides)}
+            rows.append(row)
+        return rows
+
+    def matrix_json(self) -> str:
+        return json.dumps({"name": self.name, "file": self.path, "cli_overrides": self.cli_overrides,
+                           "launcher": asdict(self.launcher), "resources": asdict(self.resources),
+                           "cells": [{"index": c.index, "axes": c.axes, "config_axes": c.config_axes,
+                                      "run_id": c.run_id, "run_dir": c.run_dir, "overrides": c.overrides}
+                                     for c in self.cells]}, indent=2)
+
+    def matrix_csv(self) -> str:
+        buf = io.StringIO()
+        rows = self.matrix_rows()
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+        return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def format_value(value: Any) -> str:
+    """A YAML scalar as a Hydra override value; strings that are not plain words are quoted,
+    so a value is always one literal (Hydra grammar), never interpreted."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        if _PLAIN_VALUE_RE.match(value) and value.lower() not in ("null", "true", "false", "nan", "inf"):
+            return value
+        escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+        return f"'{escaped}'"
+    raise TypeError(type(value).__name__)
+
+
+def _override_key(line: str) -> str:
+    """The key of an override line without its +/++/~ prefix (`+a.b=1` -> `a.b`)."""
+    key = line.split("=", 1)[0]
+    return key.lstrip("+~")
+
+
+def _check_key(where: str, key: Any) -> str:
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise SweepError(f"{where}: {key!r} is not a config key (e.g. quant, uaq.s, +tracking.tags.note)")
+    return key
+
+
+def _scalar(where: str, key: str, value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        raise SweepError(f"{where}: key {key!r}: value {value!r} must be a scalar (string, number, bool, null)")
+    try:
+        return format_value(value)
+    except TypeError:
+        raise SweepError(f"{where}: key {key!r}: value of type {type(value).__name__} is not a scalar") from None
+
+
+def _values(where: str, key: str, values: Any) -> list[str]:
+    """An axis: a non-empty list of distinct scalars (a scalar is an axis of one value)."""
+    if not isinstance(values, list):
+        if isinstance(values, dict):
+            raise SweepError(f"{where}: axis {key!r} must be a list of values, got a mapping")
+        values = [values]
+    if not values:
+        raise SweepError(f"{where}: axis {key!r} has no values (empty list)")
+    out = [_scalar(where, key, v) for v in values]
+    dup = sorted({v for v in out if out.count(v) > 1})
+    if dup:
+        raise SweepError(f"{where}: axis {key!r} lists {', '.join(dup)} more than once")
+    return out
+
+
+def _typed(where: str, schema: type, data: Any):
+    """Merge a YAML mapping onto a dataclass schema: unknown keys and bad types name the key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SweepError(f"{where}: must be a mapping, got {type(data).__name__}")
+    allowed = [f.name for f in fields(schema)]
+    for k in data:
+        if k not in allowed:
+            raise SweepError(f"{where}: unknown key {k!r}; allowed: {', '.join(allowed)}")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), data)
+    except Exception as exc:  # noqa: BLE001 - OmegaConf's validation error carries the key
+        msg = str(exc).splitlines()[0]
+        key = getattr(exc, "full_key", None)
+        raise SweepError(f"{where}: key {key!r}: {msg}" if key else f"{where}: {msg}") from None
+    return OmegaConf.to_object(merged)
+
+
+def _check_positive(where: str, obj: Any, names: tuple[str, ...]) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if v is not None and not v > 0:
+            raise SweepError(f"{where}: {n}={v!r} must be > 0")
+
+
+def find_profile(name: str, sweep_path: str | None = None) -> Path:
+    """A profile name (slurm/profiles/<name>.yaml) or a path to a profile .yaml file."""
+    if name.endswith((".yaml", ".yml")):
+        p = Path(name)
+        if not p.is_absolute() and sweep_path is not None and not p.exists():
+            p = Path(sweep_path).parent / p
+        return p
+    return PROFILES_DIR / f"{name}.yaml"
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def load_profile(name: str, sweep_path: str | None = None) -> tuple[SlurmProfile, str]:
+    """Read and check a cluster profile; errors name the profile file and key."""
+    if not name.endswith((".yaml", ".yml")) and not _NAME_RE.match(name):
+        raise SweepError(f"launcher.profile={name!r} is not a profile name; available: {', '.join(available_profiles())}")
+    path = find_profile(name, sweep_path)
+    if not path.is_file():
+        raise SweepError(
+            f"launcher.profile={name!r}: no profile {path}; available: {', '.join(available_profiles())}"
+        )
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as exc:  # noqa: BLE001
+        raise SweepError(f"{path}: not valid YAML: {exc}") from None
+    prof = _typed(str(path), SlurmProfile, data)
+    _check_positive(str(path), prof, ("nodes", "tasks_per_node", "cpus_per_task", "timeout_min",
+                                      "array_parallelism", "mem_gb"))
+    if prof.gpus_per_node < 0 or prof.signal_delay_s < 0:
+        raise SweepError(f"{path}: gpus_per_node and signal_delay_s must be >= 0")
+    for key in ("partition", "account", "qos", "constraint"):
+        _check_sbatch_value(str(path), key, getattr(prof, key))
+    for key, value in prof.additional.items():
+        if not re.match(r"^[a-z][a-z0-9-_]*$", key):
+            raise SweepError(f"{path}: additional: {key!r} is not an sbatch option name")
+        _check_sbatch_value(str(path), f"additional.{key}", value)
+    return prof, str(path)
+
+
+def _check_sbatch_value(where: str, key: str, value: Any) -> None:
+    if value is None:
+        return
+    if not _SBATCH_VALUE_RE.match(str(value)):
+        raise SweepError(f"{where}: {key}={value!r}: only letters, digits and _.,:+@%=/- are allowed")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def split_overrides(overrides: list[str] | tuple[str, ...]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """CLI overrides -> (config overrides, launcher fields, resources fields).
+
+    `launcher=slurm`, `launcher.max_parallel=4`, `cluster=h100x8` (= launcher.profile) and
+    `resources.timeout_min=30` configure the sweep; everything else is a Hydra override of
+    every cell. The run config has no `launcher`, `cluster` or `resources` key, so nothing is
+    ambiguous."""
+    cfg_ov, launcher, resources = [], {}, {}
+    for line in overrides:
+        if not isinstance(line, str) or "=" not in line:
+            if isinstance(line, str) and line.startswith("~"):
+                cfg_ov.append(line)
+                continue
+            raise SweepError(f"override {line!r}: expected key=value")
+        key, value = line.split("=", 1)
+        if key == "launcher":
+            launcher["name"] = value
+        elif key in ("cluster", "profile", "launcher.profile"):
+            launcher["profile"] = value
+        elif key.startswith("launcher."):
+            launcher[key[len("launcher."):]] = value
+        elif key.startswith("resources."):
+            resources[key[len("resources."):]] = value
+        else:
+            cfg_ov.append(line)
+    return cfg_ov, launcher, resources
+
+
+def _yaml_scalar(value: str) -> Any:
+    """A CLI string as YAML would read it (so `launcher.max_parallel=4` is an int)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(value)
+    except Exception:  # noqa: BLE001
+        return value
+
+
+def _base_overrides(where: str, base: Any) -> list[str]:
+    if base is None:
+        return []
+    if isinstance(base, dict):
+        return [f"{_check_key(where, k)}={_scalar(where, k, v)}" for k, v in base.items()]
+    if isinstance(base, list):
+        out = []
+        for i, line in enumerate(base):
+            if not isinstance(line, str) or ("=" not in line and not line.startswith("~")):
+                raise SweepError(f"{where}[{i}]: {line!r} is not an override 'key=value'")
+            _check_key(f"{where}[{i}]", line.split("=", 1)[0])
+            out.append(line)
+        return out
+    raise SweepError(f"{where}: must be a list of 'key=value' overrides or a mapping, got {type(base).__name__}")
+
+
+def _expand(path: str, matrix: Any, include: Any, exclude: Any) -> tuple[list[str], list[dict[str, str]]]:
+    """Matrix (cartesian product, file order) + include entries, minus exclude rules."""
+    if matrix is None:
+        matrix = {}
+    if not isinstance(matrix, dict):
+        raise SweepError(f"{path}: matrix: must be a mapping of override key -> list of values, "
+                         f"got {type(matrix).__name__}")
+    axes: dict[str, list[str]] = {}
+    for k, vals in matrix.items():
+        axes[_check_key(f"{path}: matrix", k)] = _values(f"{path}: matrix", k, vals)
+    keys = list(axes)
+    cells = [dict(zip(keys, combo)) for combo in itertools.product(*axes.values())] if axes else []
+
+    if include is None:
+        include = []
+    if not isinstance(include, list):
+        raise SweepError(f"{path}: include: must be a list of mappings, got {type(include).__name__}")
+    for i, entry in enumerate(include):
+        where = f"{path}: include[{i}]"
+        if not isinstance(entry, dict) or not entry:
+            raise SweepError(f"{where}: must be a non-empty mapping of override key -> value(s)")
+        own = {_check_key(where, k): _values(where, k, v) for k, v in entry.items()}
+        for k in own:
+            if k not in keys:
+                keys.append(k)
+        # An include entry is a small matrix of its own keys, crossed with the main axes it
+        # does not name (e.g. an LR control run for every seed of the matrix).
+        rest = {k: v for k, v in axes.items() if k not in own}
+        grid = {**own, **rest}
+        for combo in itertools.product(*grid.values()):
+            cells.append(dict(zip(grid, combo)))
+
+    if exclude is None:
+        exclude = []
+    if not isinstance(exclude, list):
+        raise SweepError(f"{path}: exclude: must be a list of mappings, got {type(exclude).__name__}")
+    for i, rule in enumerate(exclude):
+        where = f"{path}: exclude[{i}]"
+        if not isinstance(rule, dict) or not rule:
+            raise SweepError(f"{where}: must be a non-empty mapping of axis -> value(s)")
+        rvals = {}
+        for k, v in rule.items():
+            _check_key(where, k)
+            if k not in keys:
+                raise SweepError(f"{where}: key {k!r} is not a matrix or include axis; axes: {', '.join(keys) or '(none)'}")
+            rvals[k] = _values(where, k, v)
+        before = len(cells)
+        cells = [c for c in cells if not all(k in c and c[k] in vs for k, vs in rvals.items())]
+        if len(cells) == before:
+            raise SweepError(f"{where}: {rule} matches no cell (a typo in a value?)")
+    if not cells:
+        raise SweepError(f"{path}: the matrix is empty: give matrix axes or include entries "
+                         f"(and do not exclude every cell)")
+    return keys, cells
+
+
+def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> Sweep:
+    """Read a sweep file, expand its matrix, compose and validate every cell.
+
+    `overrides` (the command line after the file) apply to every cell; `launcher=...`,
+    `launcher.<field>=...`, `cluster=<profile>` and `resources.<field>=...` configure the
+    sweep instead (see `split_overrides`). Raises `SweepError` naming the file, cell and key.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from suite.config import ConfigError, run_id
+    from suite.sweep.compose import CellComposer
+
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(path):
+        raise SweepError(f"{path}: no such sweep file")
+    with open(path) as fh:
+        text = fh.read()
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SweepError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SweepError(f"{path}: must be a mapping with keys {', '.join(TOP_KEYS)}")
+    for k in data:
+        if k not in TOP_KEYS:
+            raise SweepError(f"{path}: unknown key {k!r}; allowed: {', '.join(TOP_KEYS)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise SweepError(f"{path}: name={name!r}: required; letters, digits and _.- only "
+                         f"(it names a directory, an MLflow run and SLURM jobs)")
+    description = data.get("description") or ""
+    if not isinstance(description, str):
+        raise SweepError(f"{path}: description must be a string")
+
+    try:
+        cli_cfg, cli_launcher, cli_resources = split_overrides(list(overrides))
+    except SweepError as exc:
+        raise SweepError(f"{path}: {exc}") from None
+    launcher_data = data.get("launcher")
+    if isinstance(launcher_data, dict) or launcher_data is None:  # anything else: _typed names the error
+        launcher_data = {**(launcher_data or {}), **{k: _yaml_scalar(v) for k, v in cli_launcher.items()}}
+    launcher = _typed(f"{path}: launcher", LauncherConfig, launcher_data)
+    if launcher.name not in LAUNCHERS:
+        raise SweepError(f"{path}: launcher.name={launcher.name!r} is not a launcher; choose one of: {', '.join(LAUNCHERS)}")
+    _check_positive(f"{path}: launcher", launcher, ("max_parallel", "poll_s"))
+    if launcher.max_requeue < 0:
+        raise SweepError(f"{path}: launcher.max_requeue must be >= 0")
+    resources_data = data.get("resources")
+    if isinstance(resources_data, dict) or resources_data is None:
+        resources_data = {**(resources_data or {}), **{k: _yaml_scalar(v) for k, v in cli_resources.items()}}
+    resources = _typed(f"{path}: resources", Resources, resources_data)
+    _check_positive(f"{path}: resources", resources, ("timeout_min", "nodes", "cpus_per_task", "mem_gb"))
+    if resources.gpus_per_node is not None and resources.gpus_per_node < 0:
+        raise SweepError(f"{path}: resources.gpus_per_node must be >= 0")
+    profile = profile_path = None
+    if launcher.name == "slurm":
+        try:
+            profile, profile_path = load_profile(launcher.profile, path)
+        except SweepError as exc:
+            raise SweepError(f"{path}: {exc}") from None
+
+    base = _base_overrides(f"{path}: base", data.get("base"))
+    keys, raw_cells = _expand(path, data.get("matrix"), data.get("include"), data.get("exclude"))
+    base_keys = {_override_key(b) for b in base}
+    matrix_keys = list((data.get("matrix") or {}).keys())
+    for k in matrix_keys:
+        if _override_key(k) in base_keys:
+            raise SweepError(f"{path}: key {k!r} is both in base and a matrix axis; keep one "
+                             f"(an include entry may override a base value for its cells)")
+    for line in cli_cfg:
+        if _override_key(line) in {_override_key(k) for k in keys}:
+            raise SweepError(f"{path}: override {line!r} sets the matrix axis {_override_key(line)!r}; "
+                             f"edit the file's matrix instead")
+    # CLI overrides replace base entries of the same key; the rest are appended.
+    cli_keys = {_override_key(line) for line in cli_cfg}
+    common = [b for b in base if _override_key(b) not in cli_keys] + cli_cfg
+
+    composer = CellComposer()
+    cells: list[Cell] = []
+    seen: dict[str, int] = {}
+    for i, values in enumerate(raw_cells):
+        axis_lines = [f"{k}={v}" for k, v in values.items()]
+        own = {_override_key(k) for k in values}
+        ov = [line for line in common if _override_key(line) not in own] + axis_lines  # include beats base
+        shown = " ".join(axis_lines) or "(base only)"
+        try:
+            cfg = composer.compose(ov)
+        except (ConfigError, HydraException, OmegaConfBaseException, ValueError) as exc:
+            msg = str(exc)
+            if exc.__cause__ is not None and str(exc.__cause__) not in msg:
+                msg += f": {exc.__cause__}"
+            raise SweepError(f"{path}: cell {i} ({shown}): {msg}") from None
+        rid = run_id(cfg)
+        if rid in seen:
+            j = seen[rid]
+            raise SweepError(f"{path}: cell {i} ({shown}) is the same run as cell {j} "
+                             f"({' '.join(f'{k}={v}' for k, v in raw_cells[j].items())}): run id {rid}; "
+                             f"the keys that differ do not change the run (e.g. threads, tracking.*)")
+        seen[rid] = i
+        run_dir = os.path.abspath(os.path.join(os.path.expanduser(cfg.out_dir), rid))
+        cells.append(Cell(index=i, overrides=ov, axes={k: _unquote(v) for k, v in values.items()},
+                          cfg=cfg, run_id=rid, run_dir=run_dir))
+
+    first = cells[0].cfg
+    uris = {c.cfg.tracking.tracking_uri for c in cells}
+    exps = {c.cfg.tracking.experiment for c in cells}
+    if len(uris) > 1 or len(exps) > 1:
+        raise SweepError(f"{path}: key tracking.tracking_uri/tracking.experiment: every cell of a sweep must "
+                         f"log to one MLflow store and experiment (one parent run); got {sorted(uris)} {sorted(exps)}")
+    nodes = resources.nodes or (profile.nodes if profile else 1)
+    if nodes > 1:
+        bad = [c.index for c in cells if c.cfg.backend.name == "embedded"]
+        if bad:
+            raise SweepError(f"{path}: cell {bad[0]}: resources.nodes={nodes}: the embedded backend runs on one "
+                             f"node; multi-node profiles are for backend=verl")
+    state_dir = os.path.join(os.path.abspath(os.path.expanduser(first.out_dir)), "_sweeps", name)
+    return Sweep(name=name, path=path, text=text, description=description, launcher=launcher,
+                 resources=resources, profile=profile, profile_path=profile_path, axis_keys=keys,
+                 cli_overrides=list(overrides), cells=cells, state_dir=state_dir,
+                 tracking_uri=first.tracking.tracking_uri, experiment=first.tracking.experiment)
+
+
+def _unquote(v: str) -> str:
+    if len(v) >= 2 and v[0] == "'" and v[-1] == "'":
+        return v[1:-1].replace("\\'", "'").replace("\\\\", "\\")
+    return v

@@ -1,0 +1,119 @@
+"""The local launcher end to end (real submitit LocalExecutor, real runs, real sqlite MLflow):
+dry run, a sweep killed mid-way and re-run, re-running a finished sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from _sweep_helpers import TINY, child_env, write_sweep
+
+SUITE = [sys.executable, "-m", "suite.cli"]
+
+
+def _steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_dry_run_prints_matrix_and_submits_nothing(tmp_path, sweep_env):
+    path = write_sweep(tmp_path / "dry.yaml", {
+        "name": "dry", "base": TINY, "matrix": {"quant": ["bf16", "int8"], "seed": [0, 1]}})
+    out = subprocess.run([*SUITE, "sweep", str(path), "--dry-run", "steps=3", f"out_dir={tmp_path / 'runs'}"],
+                         capture_output=True, text=True, env=child_env(), cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1].split() == ["cell", "quant", "seed", "run", "id"]
+    rows = [ln.split() for ln in lines if ln[:1].isdigit()]
+    assert [r[:3] for r in rows] == [["0", "bf16", "0"], ["1", "bf16", "1"], ["2", "int8", "0"], ["3", "int8", "1"]]
+    assert rows[2][3].startswith("grpo-int8-acr-s1.5-arith-seed0-")
+    cmds = [ln.strip() for ln in lines if ln.strip().startswith("$ suite run")]
+    assert len(cmds) == 4 and "steps=3" in cmds[0] and "quant=bf16 seed=0" in cmds[0]
+    assert "dry run: nothing submitted (4 cells validated)" in out.stdout
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep_env):
+    """Kill `suite sweep` and its jobs (SIGKILL to the process group) once a cell is done and
+    another is part-way; the re-run skips the done cell, resumes the other from its checkpoint
+    and runs the rest; a third run submits nothing. MLflow: one parent, one child per cell,
+    every step once."""
+    uri, runs = sweep_env
+    path = write_sweep(tmp_path / "kill.yaml", {
+        "name": "kill", "base": [*TINY, "steps=8", "ckpt_every=2", f"out_dir={runs}"],
+        "matrix": {"seed": [0, 1, 2]}, "launcher": {"max_parallel": 2, "poll_s": 0.5}})
+    proc = subprocess.Popen([*SUITE, "sweep", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=child_env(), cwd=tmp_path, start_new_session=True)
+    killed_at = None
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            dirs = [d for d in runs.glob("grpo-*")]
+            done = [d for d in dirs if (d / "summary.json").exists()]
+            partial = [d for d in dirs if not (d / "summary.json").exists() and list(d.glob("checkpoints/step_*.pt"))]
+            if done and partial:
+                os.killpg(proc.pid, signal.SIGKILL)  # the sweep, its submitit controllers and their runs
+                killed_at = ({d.name for d in done}, {d.name for d in partial})
+                break
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None and killed_at is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    first_out = proc.stdout.read()
+    assert killed_at is not None, f"never saw a done and a part-done cell together:\n{first_out}"
+    done_before, partial_before = killed_at
+    state = runs / "_sweeps" / "kill"
+    jobs_before = [json.loads(x) for x in (state / "jobs.jsonl").read_text().splitlines()]
+
+    out = subprocess.run([*SUITE, "sweep", str(path)], capture_output=True, text=True, env=child_env(),
+                         cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{len(done_before)} done" in out.stdout.splitlines()[0]
+    jobs = [json.loads(x) for x in (state / "jobs.jsonl").read_text().splitlines()]
+    new = jobs[len(jobs_before):]
+    resubmitted = {j["run_id"] for j in new}
+    assert not resubmitted & done_before, "a finished cell was submitted again"
+    assert partial_before <= resubmitted
+    assert len(resubmitted) == 3 - len(done_before)
+    # the part-done run resumed from its checkpoint (run_cell prints where it starts)
+    for j in new:
+        log = (state / "submitit" / f"{j['job_id']}_0_log.out").read_text()
+        if j["run_id"] in partial_before:
+            assert "resuming from step" in log, log
+    for d in runs.glob("grpo-*"):
+        assert _steps(d) == list(range(0, 9)), d.name  # no step lost or duplicated
+
+    # MLflow: one parent (suite.kind=sweep), three children, each step once
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("suite")
+    all_runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in all_runs if r.data.tags.get("suite.kind") == "sweep"]
+    assert len(parents) == 1 and parents[0].info.run_name == "kill" and parents[0].info.status == "FINISHED"
+    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(children) == 3 and len(all_runs) == 4
+    assert {r.data.tags["cell"] for r in children} == {"0", "1", "2"}
+    assert {r.data.tags["seed"] for r in children} == {"0", "1", "2"}  # axes as tags
+    for r in children:
+        assert r.info.status == "FINISHED"
+        hist = [m.step for m in client.get_metric_history(r.info.run_id, "train/acc")]
+        assert sorted(hist) == list(range(1, 9)), (r.data.tags["cell"], hist)
+    arts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
+    assert {"sweep.yaml", "matrix.json", "matrix.csv"} <= arts
+
+    # a finished sweep, re-run: nothing submitted, no new MLflow run
+    again = subprocess.run([*SUITE, "sweep", str(path)], capture_output=True, text=True, env=child_env(),
+                           cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to submit: 3/3 done" in again.stdout
+    assert len((state / "jobs.jsonl").read_text().splitlines()) == len(jobs)
+    assert len(client.search_runs([exp.experiment_id])) == 4
+    status = subprocess.run([*SUITE, "status", str(path)], capture_output=True, text=True, env=child_env(),
+                            cwd=tmp_path, timeout=300)
+    assert status.returncode == 0 and "done 3  (of 3)" in status.stdout, status.stdout
