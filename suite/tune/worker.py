@@ -1,0 +1,131 @@
+"""What runs inside a trial's job: one embedded run that reports to the Optuna storage.
+
+`run_trial(payload)` composes the trial's config, makes the run an MLflow child of the
+study's parent run (tags `tune_study`, `trial`), and runs it in the trial's run directory.
+After every held-out evaluation it reports the accuracy to the study's storage
+(`trial.report`) and asks the study's pruner (`trial.should_prune`); a pruned run stops there
+(the trainer's `on_eval` hook) and says so. The driver, not the job, tells Optuna the result.
+
+The run directory is the trial's state: a re-submitted trial (after `suite tune` was killed)
+resumes from its last checkpoint, or returns at once if it finished. A lock file keeps two
+processes out of one run directory: the job left behind by a killed driver keeps running, and
+the re-submitted one waits for it, then reads its result.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import time
+
+LOCK_FILE = ".trial.lock"
+
+
+def last_metric(run_dir: str, key: str) -> tuple[float | None, int | None]:
+    """The value of metric ``key`` at the last step metrics.jsonl logs it, and that step."""
+    from suite.tracking.loggers import read_jsonl
+
+    value = step = None
+    for entry in read_jsonl(os.path.join(run_dir, "metrics.jsonl")):
+        if key in entry["metrics"]:
+            value, step = float(entry["metrics"][key]), int(entry["step"])
+    return value, step
+
+
+def open_storage(url: str):
+    """Optuna RDB storage; SQLite waits up to 60 s for a lock instead of failing at once
+    (the driver and every running trial write to the same file)."""
+    import optuna
+
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+def run_trial(payload: dict) -> dict:
+    """Run one trial; returns {number, pruned, value, step, mlflow_run_id, run_dir, final_acc}.
+
+    ``payload``: study, storage (URL), pruner (PrunerSpec fields), number, trial_id, overrides
+    (Hydra), run_dir (absolute), parent_run_id, tags, metric (objective key).
+    """
+    import optuna
+    from omegaconf import open_dict
+
+    from suite.config import compose_config
+    from suite.embedded.trainer import EmbeddedRun
+    from suite.tune.spec import PrunerSpec
+    from suite.tune.study import build_pruner
+
+    n = payload["number"]
+    cfg = compose_config(list(payload["overrides"]))
+    cfg.tracking.parent_run_id = payload["parent_run_id"]
+    with open_dict(cfg.tracking.tags):  # tags are not part of the run id; new keys need an open node
+        for k, v in payload["tags"].items():
+            cfg.tracking.tags[k] = str(v)
+    run_dir = payload["run_dir"]
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, LOCK_FILE), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"trial {n}: {run_dir} is held by the job of an interrupted `suite tune`; waiting for it", flush=True)
+            t = time.perf_counter()
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            print(f"trial {n}: run dir free after {time.perf_counter() - t:.0f} s", flush=True)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.load_study(
+            study_name=payload["study"], storage=open_storage(payload["storage"]),
+            pruner=build_pruner(PrunerSpec(**payload["pruner"])),
+        )
+        trial = optuna.trial.Trial(study, payload["trial_id"])
+
+        def on_eval(step: int, acc: float) -> bool:
+            trial.report(acc, step)
+            if step >= cfg.steps:  # the run is complete: its result is a value, not a prune
+                return False
+            if trial.should_prune():
+                print(f"trial {n}: pruned at step {step}/{cfg.steps}: held-out acc {acc:.4f} is behind the "
+                      f"other trials at this step ({payload['pruner']['name']} pruner)", flush=True)
+                return True
+            return False
+
+        print(f"trial {n}: {' '.join(payload['param_overrides'])} in {run_dir} (pid {os.getpid()})", flush=True)
+        summary = EmbeddedRun(cfg, run_dir, progress=False, on_eval=on_eval).run()
+    value, step = last_metric(run_dir, payload["metric"])
+    if value is not None and not math.isfinite(value):
+        value = None
+    return {
+        "number": n,
+        "pruned": bool(summary.get("pruned", False)),
+        "value": value,
+        "step": step,
+        "mlflow_run_id": summary.get("mlflow_run_id"),
+        "run_dir": run_dir,
+        "final_acc": summary.get("final_acc"),
+    }
+
+
+class TrialJob:
+    """`run_trial` as a submitit job that SLURM may preempt or time out: submitit calls
+    `checkpoint()`, which resubmits the same trial; the requeued job resumes from the run's
+    last checkpoint (the run directory is the state) under the same job id."""
+
+    def __call__(self, payload: dict) -> dict:
+        return run_trial(payload)
+
+    def checkpoint(self, payload: dict):
+        from submitit.helpers import DelayedSubmission
+
+        print(f"trial {payload['number']}: preempted or timed out; requeueing (resumes from the last checkpoint)",
+              flush=True)
+        return DelayedSubmission(self, payload)
+
+
+from submitit.helpers import Checkpointable as _Checkpointable  # noqa: E402
+
+
+class CheckpointableTrialJob(TrialJob, _Checkpointable):
+    """`TrialJob` marked checkpointable for submitit (its `checkpoint` overrides the default)."""
+
+
+trial_job = CheckpointableTrialJob()
