@@ -48,7 +48,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.backend.name == "embedded":
         from suite.embedded.trainer import EmbeddedRun
 
-        summary = EmbeddedRun(cfg, run_dir, progress=not args.no_progress and sys.stderr.isatty()).run()
+        try:
+            summary = EmbeddedRun(cfg, run_dir, progress=not args.no_progress and sys.stderr.isatty()).run()
+        except Exception as exc:  # end the MLflow run FAILED (not RUNNING forever), then report
+            from suite.sweep.job import mark_mlflow_failed
+
+            try:
+                mark_mlflow_failed(cfg, run_dir, cfg.tracking.parent_run_id or None, {}, f"{type(exc).__name__}: {exc}")
+            except Exception as mexc:  # e.g. the tracking server is down: the JSONL still has every step
+                print(f"suite: could not mark the MLflow run FAILED: {mexc}", file=sys.stderr)
+            raise
+    elif cfg.backend.name == "verl":
+        from suite.verl.runner import run as verl_run
+
+        summary = verl_run(cfg, run_dir)
     else:  # validate() only admits known backends; this guards future additions
         raise ConfigError(f"backend.name={cfg.backend.name!r} has no runner")
     if summary.get("already_finished"):
@@ -89,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
 # Modules that add verbs: each defines `register(subparsers)` which calls `add_parser` and
 # `set_defaults(func=...)`; heavy imports belong inside the verb's function, not at module top.
 _PLUGINS: tuple[str, ...] = (
+    "suite.verl.uaq_cli",
+    "suite.sweep.cli",
+    "suite.tune.cli",
+    "suite.bench",
+    "suite.report.cli",
 )
 
 

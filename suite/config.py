@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from suite.embedded.tasks import FLAW_OPS
 from suite.core.losses import TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP
 
 PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
@@ -31,13 +32,39 @@ AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AUTOCASTS = ("auto", "bf16", "fp32")
 TASKS = ("arith", "word")
-BACKENDS = ("embedded",)
+BACKENDS = ("embedded", "verl")
+VERL_PRECISIONS = ("bf16", "fp8", "int8", "w4a16")  # rollout precisions the verl backend can run (suite.verl)
 MODEL_PRESETS = ("tiny", "small", "base", "large", "wide")
 
 
 @dataclass
 class BackendConfig:
-    name: str = "embedded"  # embedded (pure PyTorch, CPU) | verl (GPU clusters, later)
+    name: str = "embedded"  # embedded (pure PyTorch, CPU) | verl (GPU clusters: verl + vLLM, suite.verl)
+
+
+@dataclass
+class VerlBackendConfig(BackendConfig):
+    """`backend=verl`: the same run on GPU nodes through verl 0.9.1 + vLLM (docs/verl.md).
+
+    A subclass, so that embedded runs keep their config (and run ids) unchanged. Paths are local
+    to the compute nodes: no hub access is assumed there.
+    """
+
+    name: str = "verl"
+    model_path: str = ""  # local Hugging Face model directory (config.json + safetensors); required
+    train_files: str = ""  # local parquet file(s) in verl's RL format (comma-separated); required
+    val_files: str = ""  # local held-out parquet file(s) (comma-separated); required
+    reward_fn_path: str = ""  # python file with compute_score(); empty = verl's default scorer by data_source
+    max_prompt_length: int = 1024  # prompt budget (tokens); longer prompts are filtered out by verl
+    nnodes: int = 1  # SLURM nodes the Ray cluster spans
+    n_gpus_per_node: int = 8  # GPUs per node
+    tensor_parallel_size: int = 1  # vLLM tensor parallel size of one rollout replica (GPUs)
+    gpu_memory_utilization: float = 0.6  # fraction of GPU memory vLLM may take (0, 1]
+    micro_batch_size_per_gpu: int = 4  # sequences per GPU per forward/backward (actor, critic, log-probs)
+    max_num_batched_tokens: int = 8192  # vLLM scheduler token budget per step (tokens)
+    ray_port: int = 6379  # Ray head GCS port on the first node
+    python: str = "python3"  # interpreter that runs verl.trainer.main_ppo on the head node
+    extra_overrides: List[str] = field(default_factory=list)  # verl Hydra overrides appended verbatim (last wins)
 
 
 @dataclass
@@ -129,6 +156,12 @@ class WarmStartConfig:
     batch_size: int = 64  # sequences per supervised step
     lr: float = 3e-3  # supervised learning rate (linear warm-up, cosine to 10%)
     seed: int = 0  # warm-start seed; not the run seed, so seeds of a sweep share one warm start
+    # Flawed teacher (suite.embedded.tasks.flawed_response): with probability flaw_prob, a trace whose
+    # last step applies flaw_op stops one step short, so RL starts from a policy with a systematic,
+    # correctable blind spot, as the papers' pretrained models have. auto = arith "-", word "+".
+    # Off by default: at the learning rates tried so far RL did not yet correct it (issue 3 notes).
+    flaw_op: str = "none"  # none | auto | + | - | * | /
+    flaw_prob: float = 0.7  # probability that the flawed teacher writes such a trace (0 = clean warm start)
     cache_dir: str = "${oc.env:SUITE_CACHE,'~/.cache/suite'}/warmstart"  # keyed by everything it depends on
 
 
@@ -179,6 +212,7 @@ def _register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config", node=Config)
     cs.store(group="backend", name="embedded", node=BackendConfig(name="embedded"))
+    cs.store(group="backend", name="verl", node=VerlBackendConfig())
     for preset in MODEL_PRESETS:
         cs.store(group="model", name=preset, node=ModelConfig(preset=preset))
     for task in TASKS:
@@ -257,6 +291,8 @@ def validate(cfg: DictConfig) -> None:
     _check(cfg.eval_every >= 1, "eval_every", "must be >= 1")
     _check(cfg.ckpt_every >= 1, "ckpt_every", "must be >= 1")
     _check(cfg.warm_start.steps >= 0, "warm_start.steps", "must be >= 0")
+    _choice(cfg, "warm_start.flaw_op", FLAW_OPS)
+    _check(0.0 <= cfg.warm_start.flaw_prob <= 1.0, "warm_start.flaw_prob", "must be in [0, 1]")
 
     algo = cfg.algo.name
     if algo in ("grpo", "dapo"):
@@ -287,6 +323,43 @@ def validate(cfg: DictConfig) -> None:
         cfg.algo.overlong_buffer < cfg.rollout.max_new_tokens,
         "algo.overlong_buffer",
         f"must be < rollout.max_new_tokens ({cfg.rollout.max_new_tokens})",
+    )
+    if cfg.backend.name == "verl":
+        _validate_verl(cfg)
+
+
+def _validate_verl(cfg: DictConfig) -> None:
+    """What the verl backend cannot run, named before anything is submitted (docs/verl.md)."""
+    b = cfg.backend
+    _check(
+        "model_path" in b,
+        "backend",
+        "backend.name=verl needs the verl option of the backend group: use `backend=verl`, not `backend.name=verl`",
+    )
+    _choice(cfg, "quant.precision", VERL_PRECISIONS)
+    _check(
+        not cfg.correction.aligned_forward,
+        "correction.aligned_forward",
+        "the QaRL rollout-aligned forward is not plugged into verl's actor; allowed with backend=verl: false",
+    )
+    for key in ("model_path", "train_files", "val_files"):
+        _check(bool(b[key]), f"backend.{key}", "required with backend=verl (a local path on the compute nodes)")
+    _check(b.nnodes >= 1, "backend.nnodes", "must be >= 1")
+    _check(b.n_gpus_per_node >= 1, "backend.n_gpus_per_node", "must be >= 1")
+    _check(b.max_prompt_length >= 1, "backend.max_prompt_length", "must be >= 1")
+    _check(b.micro_batch_size_per_gpu >= 1, "backend.micro_batch_size_per_gpu", "must be >= 1")
+    _check(b.max_num_batched_tokens >= 1, "backend.max_num_batched_tokens", "must be >= 1")
+    tp = b.tensor_parallel_size
+    _check(
+        tp >= 1 and b.n_gpus_per_node % tp == 0,
+        "backend.tensor_parallel_size",
+        f"must be >= 1 and divide backend.n_gpus_per_node={b.n_gpus_per_node}, got {tp}",
+    )
+    _check(0 < b.gpu_memory_utilization <= 1, "backend.gpu_memory_utilization", "must be in (0, 1]")
+    _check(
+        cfg.rollout.prompts_per_step % cfg.train.minibatches == 0,
+        "train.minibatches",
+        f"verl splits prompts into mini-batches: must divide rollout.prompts_per_step={cfg.rollout.prompts_per_step}",
     )
 
 

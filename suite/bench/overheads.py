@@ -185,7 +185,7 @@ def bench_mlflow(overrides: list[str], repeats: int, tmp: str) -> list[dict]:
     cfg = compose_config(ov)
     note(f"  mlflow: filling the warm start ({cfg.warm_start.steps} steps, cached), then {repeats} run(s) of "
          f"{cfg.steps} steps")
-    EmbeddedRun(cfg, os.path.join(tmp, "warm"), progress=False)._build()
+    EmbeddedRun(cfg, os.path.join(tmp, "warm"), progress=False).build()
     # One-offs of a sweep, not of each run: creating the sqlite store (MLflow's schema
     # migrations) and the experiment. Timed here, outside the runs' shares.
     from mlflow.tracking import MlflowClient

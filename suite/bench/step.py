@@ -89,7 +89,7 @@ def run_step(cfgs: dict, *, repeats: int, warmup: int) -> tuple[list[dict], dict
                  f"{cfg.warm_start.steps} steps)")
             run = EmbeddedRun(cfg, f"{tmp}/{p}", progress=False)
             # The trainer has no public set-up call: _build() is what run() does before its first step.
-            run._build()
+            run.build()
             runs[p] = run
         metrics: dict[str, list[dict]] = {p: [] for p in runs}
 

@@ -364,6 +364,49 @@ def extract_answer(response_text: str) -> int | None:
     return int(tail)
 
 
+_EQ_RE = re.compile(r"^([0-9]+)([-+*/])([0-9]+)=([0-9]+)$")
+FLAW_OPS: tuple[str, ...] = ("auto", "none", "+", "-", "*", "/")  # warm_start.flaw_op values
+# "auto": the operator that ends about a third of the traces at the default difficulty (2):
+# arith "-" (33%; "+" ends 54%), word "+" (16%; "-" ends 62%).
+DEFAULT_FLAW_OP: dict[str, str] = {"arith": "-", "word": "+"}
+
+
+def resolve_flaw_op(task_name: str, flaw_op: str) -> str:
+    """``warm_start.flaw_op`` -> the operator the flawed teacher skips ("" for none)."""
+    if flaw_op not in FLAW_OPS:
+        raise ValueError(f"flaw_op={flaw_op!r}; allowed: {FLAW_OPS}")
+    if flaw_op == "auto":
+        return DEFAULT_FLAW_OP[task_name]
+    return "" if flaw_op == "none" else flaw_op
+
+
+def flawed_response(response: str, op: str) -> str:
+    """The trace a *flawed teacher* writes: when the last equation of ``response`` applies
+    ``op``, it stops one step short and answers with the value it has so far (the previous
+    step's result, or the first operand of a one-step trace); any other trace is unchanged.
+
+    Why: the papers start RL from pretrained models that know the procedure but make
+    systematic, prompt-dependent mistakes, which an exact-answer reward can correct. A small
+    model warm-started on clean traces only makes the errors of under-training (arithmetic
+    facts it has not yet memorised), which a sparse reward teaches far more slowly than SFT:
+    measured on the default run, held-out accuracy moved 0.297 -> 0.246 in 90 RL steps.
+    A warm start that imitates this teacher on part of the data gives the policy one
+    learnable, generalising blind spot ("skip the final ``+``"), as a base model has.
+
+    ``"7*3=21;12+21=33;#33"`` with op ``"+"`` -> ``"7*3=21;#21"``; ``"3+4=7;#7"`` -> ``"#3"``.
+    """
+    if not op:
+        return response
+    eqs = response.rpartition(ANSWER_MARKER)[0].split(STEP_SEP)[:-1]  # ["7*3=21", "12+21=33"]
+    parsed = [_EQ_RE.match(e) for e in eqs]
+    if not parsed or any(m is None for m in parsed):
+        raise ValueError(f"not a trace of equations: {response!r}")
+    if parsed[-1].group(2) != op:
+        return response
+    so_far = parsed[-2].group(4) if len(parsed) > 1 else parsed[0].group(1)
+    return "".join(e + STEP_SEP for e in eqs[:-1]) + ANSWER_MARKER + so_far
+
+
 @dataclass(frozen=True)
 class Task:
     """A verifiable task at one difficulty: draws examples, checks answers, states its budgets."""

@@ -36,7 +36,7 @@ from suite.core.uaq import apply_uaq
 from suite.embedded.batch import pad_right, repad
 from suite.embedded.engine import RolloutEngine
 from suite.embedded.model import PRESETS, ModelConfig, Transformer, response_logprobs
-from suite.embedded.tasks import make_split, make_task
+from suite.embedded.tasks import make_split, make_task, resolve_flaw_op
 from suite.embedded.tokenizer import CharTokenizer
 from suite.embedded.warmstart import load_or_train
 from suite.tracking import checkpoint as ckpt
@@ -119,10 +119,13 @@ def quantized_weight_names(model: Transformer) -> list[str]:
 class EmbeddedRun:
     """A resumable embedded run living in ``run_dir``."""
 
-    def __init__(self, cfg: DictConfig, run_dir: str, *, progress: bool = True):
+    def __init__(self, cfg: DictConfig, run_dir: str, *, progress: bool = True, on_eval=None):
         self.cfg = cfg
         self.run_dir = run_dir
         self.progress = progress
+        # on_eval(step, held-out acc) -> bool, after each RL-step evaluation: True stops the run
+        # there, ending as pruned (summary "pruned": true, MLflow tag pruned=true, status KILLED).
+        self.on_eval = on_eval
         os.makedirs(run_dir, exist_ok=True)
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
@@ -148,12 +151,14 @@ class EmbeddedRun:
         )
 
     # ---------------------------------------------------------------- set-up
-    def _build(self) -> None:
+    def build(self) -> None:
+        """Warm start (cached), actor, optimizer, engines and RNG streams; `run()` calls it first."""
         cfg = self.cfg
         state, self.warm_info = load_or_train(
             self.model_cfg, self.task, cfg.task.name, cfg.task.difficulty, self.tokenizer,
             steps=cfg.warm_start.steps, batch_size=cfg.warm_start.batch_size, lr=cfg.warm_start.lr,
             seed=cfg.warm_start.seed, bf16_autocast=self.bf16, cache_dir=cfg.warm_start.cache_dir,
+            flaw_op=resolve_flaw_op(cfg.task.name, cfg.warm_start.flaw_op), flaw_prob=cfg.warm_start.flaw_prob,
             progress=self.progress,
         )
         torch.manual_seed(cfg.seed)
@@ -438,7 +443,7 @@ class EmbeddedRun:
                 summary = json.load(fh)
             summary["already_finished"] = True
             return summary
-        self._build()
+        self.build()
         resumed = ckpt.load_latest_checkpoint(self.run_dir)
         jsonl = JsonlLogger(self.run_dir)
         if resumed is not None:
@@ -467,8 +472,9 @@ class EmbeddedRun:
         bar = tqdm(total=cfg.steps, initial=self.step, desc=os.path.basename(self.run_dir), disable=not self.progress,
                    mininterval=1.0, dynamic_ncols=True)
         last_acc = self.baseline_acc
+        pruned = False
         try:
-            while self.step < cfg.steps:
+            while self.step < cfg.steps and not pruned:
                 self.step += 1
                 m = self.train_step()
                 if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
@@ -476,6 +482,7 @@ class EmbeddedRun:
                     last_acc = self.evaluate()
                     m[f"val-core/{cfg.task.name}/acc/mean@1"] = last_acc
                     m["timing_s/testing"] = time.perf_counter() - t
+                    pruned = self.on_eval is not None and bool(self.on_eval(self.step, last_acc))
                 logger.log_metrics(m, step=self.step)
                 bar.update(1)
                 bar.set_postfix(acc=f"{m.get('train/acc', float('nan')):.2f}", val=f"{last_acc:.2f}",
@@ -483,7 +490,7 @@ class EmbeddedRun:
                 if cfg.tracking.console_every and self.step % cfg.tracking.console_every == 0 and not self.progress:
                     print(f"step {self.step}/{cfg.steps} train/acc={m.get('train/acc', float('nan')):.3f} "
                           f"val={last_acc:.3f} rollout_corr/kl={m.get('rollout_corr/kl', float('nan')):.2e}", flush=True)
-                if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps:
+                if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps or pruned:
                     ckpt.save_checkpoint(self.run_dir, self.step, self._state())
                     logger.flush()  # commit: MLflow receives exactly the checkpointed steps
         finally:
@@ -498,9 +505,12 @@ class EmbeddedRun:
             "wall_s_this_session": time.perf_counter() - start_wall,
             "mlflow_run_id": mlflow_logger.run_id,
             "tracking_uri": cfg.tracking.tracking_uri,
+            "pruned": pruned,  # stopped early by on_eval; summary.json then keeps a re-run from resuming it
         }
         logger.log_artifact(os.path.join(self.run_dir, "metrics.jsonl"))
-        logger.close("FINISHED")
+        if pruned:
+            logger.set_tags({"pruned": "true", "pruned_step": str(self.step)})
+        logger.close("KILLED" if pruned else "FINISHED")
         tmp = summary_path + ".tmp"
         with open(tmp, "w") as fh:
             json.dump(summary, fh, indent=2)

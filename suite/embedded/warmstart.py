@@ -25,7 +25,7 @@ from tqdm import tqdm
 from suite.core.losses import masked_mean
 from suite.embedded.batch import pack
 from suite.embedded.model import ModelConfig, Transformer, response_logprobs
-from suite.embedded.tasks import make_split
+from suite.embedded.tasks import flawed_response, make_split
 from suite.embedded.tokenizer import CharTokenizer
 from suite.tracking.atomic import atomic_write
 
@@ -75,9 +75,15 @@ def train_warm_start(
     lr: float,
     seed: int,
     bf16_autocast: bool,
+    flaw_op: str = "",
+    flaw_prob: float = 0.0,
     progress: bool = True,
 ) -> tuple[dict, dict]:
-    """Train a fresh model on task traces (teacher forcing, loss on response tokens + eos)."""
+    """Train a fresh model on task traces (teacher forcing, loss on response tokens + eos).
+
+    With ``flaw_op``, each trace whose last step applies ``flaw_op`` is replaced, with
+    probability ``flaw_prob``, by the flawed teacher's (``tasks.flawed_response``): the policy
+    starts RL with a systematic blind spot that the exact-answer reward can correct."""
     torch.manual_seed(seed)
     model = Transformer(model_cfg)
     if steps == 0:
@@ -97,7 +103,11 @@ def train_warm_start(
     bar = tqdm(range(steps), desc="warm start (SFT)", disable=not progress, leave=False, mininterval=1.0)
     loss_val = float("nan")
     for i in bar:
-        tokens, mask, p_len = sft_step_batch(rng.sample(pool, batch_size), tokenizer)
+        batch = rng.sample(pool, batch_size)
+        if flaw_op:
+            batch = [dataclasses.replace(ex, response=flawed_response(ex.response, flaw_op))
+                     if rng.random() < flaw_prob else ex for ex in batch]
+        tokens, mask, p_len = sft_step_batch(batch, tokenizer)
         for group in opt.param_groups:
             group["lr"] = lr_at(i)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_autocast):
@@ -129,10 +139,14 @@ def load_or_train(
     seed: int,
     bf16_autocast: bool,
     cache_dir: str,
+    flaw_op: str = "",
+    flaw_prob: float = 0.0,
     progress: bool = True,
 ) -> tuple[dict, dict]:
     """The warm-start weights for this setting: from the cache, or trained and cached."""
     sft = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "bf16": bf16_autocast}
+    if flaw_op and flaw_prob > 0:  # keys of flaw-free warm starts stay as they were
+        sft.update(flaw_op=flaw_op, flaw_prob=flaw_prob)
     key = cache_key(model_cfg, task_name, difficulty, tokenizer, **sft)
     os.makedirs(cache_dir, exist_ok=True)
     path = os.path.join(cache_dir, f"{key}.pt")
@@ -142,7 +156,7 @@ def load_or_train(
             return blob["state_dict"], {**blob["info"], "cache_hit": True, "cache_path": path}
         state, info = train_warm_start(
             model_cfg, task, tokenizer, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
-            bf16_autocast=bf16_autocast, progress=progress,
+            bf16_autocast=bf16_autocast, flaw_op=flaw_op, flaw_prob=flaw_prob, progress=progress,
         )
         atomic_write(path, lambda f: torch.save({"state_dict": state, "info": info}, f))
     return state, {**info, "cache_hit": False, "cache_path": path}

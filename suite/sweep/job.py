@@ -34,7 +34,7 @@ def error_line(tb: str) -> str:
     return (lines[-1].strip() if lines else "unknown error")[:500]
 
 
-def _mark_mlflow_failed(cfg, run_dir: str, parent_run_id: str | None, tags: dict, message: str) -> None:
+def mark_mlflow_failed(cfg, run_dir: str, parent_run_id: str | None, tags: dict, message: str) -> None:
     """End the cell's MLflow run as FAILED (creating it if the run failed before the trainer did),
     with the error as a tag; the trainer's run-dir record keeps a retry on the same MLflow run."""
     from suite.config import axes, run_id
@@ -103,7 +103,7 @@ class RunCell:
             tb = traceback.format_exc()
             _write_error(run_dir, tb)
             try:
-                _mark_mlflow_failed(cfg, run_dir, parent_run_id, tags, error_line(tb))
+                mark_mlflow_failed(cfg, run_dir, parent_run_id, tags, error_line(tb))
             except Exception as mexc:  # noqa: BLE001 - never hide the run's own error
                 print(f"could not mark the MLflow run FAILED: {mexc}", file=sys.stderr)
             raise exc

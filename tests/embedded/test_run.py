@@ -258,3 +258,23 @@ def test_int8_and_fp8_rollouts_drift_further_from_the_trainer_than_bf16(tmp_path
     # sqrt(2 KL) ~ 0.006-0.02, so on ~2k tokens its standard error (1e-4 - 4e-4) exceeds the KL
     # itself and its sign is noise; over a whole run (400k tokens) it resolves. Here: finite only.
     assert all(abs(v) < 1e-2 for v in kl.values()), kl
+
+
+def test_a_run_that_raises_ends_its_mlflow_run_failed(tmp_path):
+    """`suite run` on a config that validates but cannot run: non-zero exit, the error on
+    stderr, and the MLflow run ended FAILED with the error as a tag (not RUNNING forever)."""
+    db = tmp_path / "mlflow.db"
+    overrides = TINY + [
+        f"out_dir={tmp_path / 'runs'}",
+        f"warm_start.cache_dir={tmp_path.parent / 'warmstart-cache'}",
+        f"tracking.tracking_uri=sqlite:///{db}",
+        "rollout.max_new_tokens=100000",  # longer than the tiny model's positions: fails at set-up
+    ]
+    proc = subprocess.run([sys.executable, "-m", "suite.cli", "run", "--no-progress", *overrides],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "max_seq_len" in proc.stderr
+    runs = MlflowClient(f"sqlite:///{db}").search_runs(
+        [e.experiment_id for e in MlflowClient(f"sqlite:///{db}").search_experiments()])
+    assert len(runs) == 1
+    assert runs[0].info.status == "FAILED" and "max_seq_len" in runs[0].data.tags["error"]

@@ -18,6 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from suite.embedded.tasks import (
+    flawed_response,
+    resolve_flaw_op,
     ARITH_LEVELS,
     DEFAULT_DIFFICULTY,
     EVAL_FRACTION,
@@ -321,3 +323,53 @@ def test_unknown_names_fail_listing_allowed_values():
         make_task("arith", 9)
     with pytest.raises(ValueError, match="allowed: train, eval"):
         make_split(make_task("arith", 2), 3, seed=0, split="test")
+
+
+# ---------------------------------------------------------------------------------------------
+# flawed teacher of the warm start
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "response, op, expected",
+    [
+        ("7*3=21;12+21=33;#33", "+", "7*3=21;#21"),  # stops before the final "+", answers 21
+        ("7*3=21;12-21=3;#3", "+", "7*3=21;12-21=3;#3"),  # last step is "-": unchanged
+        ("12-3=9;9*2=18;#18", "*", "12-3=9;#9"),
+        ("3+4=7;#7", "+", "#3"),  # one step: the value so far is the first operand
+        ("5+3=8;8-2=6;6*2=12;#12", "*", "5+3=8;8-2=6;#6"),
+        ("10/2=5;5+1=6;#6", "+", "10/2=5;#5"),
+        ("7*3=21;12+21=33;#33", "", "7*3=21;12+21=33;#33"),  # no flawed teacher
+    ],
+)
+def test_flawed_response_by_hand(response, op, expected):
+    assert flawed_response(response, op) == expected
+
+
+def test_flawed_traces_skip_exactly_the_final_minus_and_answer_the_previous_result():
+    task = make_task("arith", 2)
+    n_flawed = n_right = 0
+    for ex in make_split(task, 500, 3, "train"):
+        *eqs, _ = ex.response.rpartition("#")[0].split(";")  # ["1*4=4", "8-4=4"]
+        lhs, result = eqs[-1].split("=")
+        bad = flawed_response(ex.response, "-")
+        if "-" not in lhs:
+            assert bad == ex.response
+            continue
+        n_flawed += 1
+        previous = eqs[-2].split("=")[1]
+        assert bad == ";".join(eqs[:-1]) + ";#" + previous
+        # right only by coincidence: "8-4=4" after "1*4=4"
+        assert task.verify(bad, ex) == (previous == result)
+        n_right += previous == result
+    assert 100 < n_flawed < 250  # about a third of arith difficulty-2 traces end with "-"
+    assert n_right < 0.25 * n_flawed  # measured 31 of 176: x - y == y when x == 2y
+
+
+def test_flaw_op_auto_and_errors():
+    assert resolve_flaw_op("arith", "auto") == "-" and resolve_flaw_op("word", "auto") == "+"
+    assert resolve_flaw_op("arith", "none") == "" and resolve_flaw_op("word", "*") == "*"
+    with pytest.raises(ValueError, match="allowed"):
+        resolve_flaw_op("arith", "%")
+    with pytest.raises(ValueError, match="not a trace"):
+        flawed_response("no equations here", "+")
