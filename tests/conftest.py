@@ -17,6 +17,18 @@ import pytest
 pytest_plugins = ["slurm_fixture"]  # the `slurm_cluster` fixture (tests/ is on sys.path: no __init__.py)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """In-process tensor work on one intra-op thread: tiny models run fastest that way, and on
+    shared cores two threads that wait for each other at every op were 10-30x slower."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
