@@ -337,6 +337,20 @@ def _base_overrides(where: str, base: Any) -> list[str]:
     raise SweepError(f"{where}: must be a list of 'key=value' overrides or a mapping, got {type(base).__name__}")
 
 
+
+def _rules(path, name: str, rules, what: str):
+    """`include` / `exclude`: a list (or null) of non-empty mappings -> (where, mapping) pairs,
+    checked one at a time as the caller consumes them."""
+    if rules is None:
+        return
+    if not isinstance(rules, list):
+        raise SweepError(f"{path}: {name}: must be a list of mappings, got {type(rules).__name__}")
+    for i, rule in enumerate(rules):
+        where = f"{path}: {name}[{i}]"
+        if not isinstance(rule, dict) or not rule:
+            raise SweepError(f"{where}: must be a non-empty mapping of {what}")
+        yield where, rule
+
 def _expand(path: str, matrix: Any, include: Any, exclude: Any) -> tuple[list[str], list[dict[str, str]]]:
     """Matrix (cartesian product, file order) + include entries, minus exclude rules."""
     if matrix is None:
@@ -350,14 +364,7 @@ def _expand(path: str, matrix: Any, include: Any, exclude: Any) -> tuple[list[st
     keys = list(axes)
     cells = [dict(zip(keys, combo)) for combo in itertools.product(*axes.values())] if axes else []
 
-    if include is None:
-        include = []
-    if not isinstance(include, list):
-        raise SweepError(f"{path}: include: must be a list of mappings, got {type(include).__name__}")
-    for i, entry in enumerate(include):
-        where = f"{path}: include[{i}]"
-        if not isinstance(entry, dict) or not entry:
-            raise SweepError(f"{where}: must be a non-empty mapping of override key -> value(s)")
+    for where, entry in _rules(path, "include", include, "override key -> value(s)"):
         own = {_check_key(where, k): _values(where, k, v) for k, v in entry.items()}
         for k in own:
             if k not in keys:
@@ -369,14 +376,7 @@ def _expand(path: str, matrix: Any, include: Any, exclude: Any) -> tuple[list[st
         for combo in itertools.product(*grid.values()):
             cells.append(dict(zip(grid, combo)))
 
-    if exclude is None:
-        exclude = []
-    if not isinstance(exclude, list):
-        raise SweepError(f"{path}: exclude: must be a list of mappings, got {type(exclude).__name__}")
-    for i, rule in enumerate(exclude):
-        where = f"{path}: exclude[{i}]"
-        if not isinstance(rule, dict) or not rule:
-            raise SweepError(f"{where}: must be a non-empty mapping of axis -> value(s)")
+    for where, rule in _rules(path, "exclude", exclude, "axis -> value(s)"):
         rvals = {}
         for k, v in rule.items():
             _check_key(where, k)
