@@ -10,9 +10,9 @@ from suite.config import ALGOS, CORRECTIONS, PRECISIONS, ConfigError, axes, comp
 def test_defaults_are_the_papers_default_experiment():
     cfg = compose_config([])
     assert (cfg.quant.precision, cfg.correction.mode, cfg.uaq.s, cfg.algo.name) == ("int8", "acr", 1.5, "grpo")
-    assert cfg.model.preset == "small"
+    assert cfg.model.preset == "tiny" and cfg.warm_start.steps == 600 and cfg.warm_start.flaw_op == "auto"
     assert cfg.rollout.prompts_per_step * cfg.algo.group_size == 64
-    assert cfg.rollout.max_new_tokens == 32 and cfg.steps == 200
+    assert cfg.rollout.max_new_tokens == 32 and cfg.steps == 150
 
 
 def test_group_options_override_dataclass_defaults():

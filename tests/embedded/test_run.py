@@ -130,10 +130,11 @@ def test_aligned_forward_brings_the_trainer_to_the_rollout_policy(tmp_path):
     for aligned in ("false", "true"):
         cfg = tiny_cfg(tmp_path, *common, f"correction.aligned_forward={aligned}")
         run_dir, _ = run_cfg(cfg)
-        kls[aligned] = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))[1]["metrics"]["rollout_corr/kl"]
+        kls[aligned] = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))[1]["metrics"]["rollout_corr/k3_kl"]
     # Same seed, same warm start, same rollouts: only pi_prox's forward differs. QaRL's aligned
-    # forward uses the rollout's 4-bit weights, so the mismatch to pi_behav collapses.
-    assert abs(kls["true"]) < 0.25 * abs(kls["false"]), kls
+    # forward uses the rollout's 4-bit weights, so the mismatch to pi_behav collapses. k3, not
+    # the k1 rollout_corr/kl, whose sign is noise on one step's tokens (see the KL test below).
+    assert kls["true"] < 0.25 * kls["false"], kls  # measured 1.3e-5 vs 4.7e-4
 
 
 def _suite(args, **kw):
@@ -243,15 +244,16 @@ def test_int8_and_fp8_rollouts_drift_further_from_the_trainer_than_bf16(tmp_path
     full-precision trainer more than BF16 does (QuRL Fig. 2), because, as in vLLM, the quantized
     engines keep bf16 everywhere outside their GEMMs and add the quantization error on top.
 
-    Same seed, warm start and prompts for the three precisions; steps 1-2 averaged."""
+    Same seed, warm start and prompts for the three precisions; steps 1-4 (16 prompts each) averaged:
+    one step's estimate varies up to 5x from step to step."""
     kl, k3 = {}, {}
     for p in ("bf16", "int8", "fp8"):
-        cfg = tiny_cfg(tmp_path, "steps=2", "eval_every=2", "rollout.prompts_per_step=8", f"quant={p}", "uaq.s=1.0")
+        cfg = tiny_cfg(tmp_path, "steps=4", "eval_every=4", "rollout.prompts_per_step=16", f"quant={p}", "uaq.s=1.0")
         run_dir, _ = run_cfg(cfg)
         steps = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))[1:]
         kl[p] = sum(e["metrics"]["rollout_corr/kl"] for e in steps) / len(steps)
         k3[p] = sum(e["metrics"]["rollout_corr/k3_kl"] for e in steps) / len(steps)
-    # Measured: k3 bf16 2.0e-5, int8 5.3e-5, fp8 1.6e-4.
+    # Measured: k3 bf16 1.9e-5, int8 1.1e-4, fp8 3.9e-4 (default run, 5 steps: 1.5e-5, 5.8e-5, 3.8e-4).
     assert k3["int8"] > 2 * k3["bf16"], k3
     assert k3["fp8"] > 2 * k3["int8"], k3
     # k1 (rollout_corr/kl) estimates the same KL without bias, but per token its spread is about
