@@ -338,11 +338,15 @@ def _validate_verl(cfg: DictConfig) -> None:
         "backend.name=verl needs the verl option of the backend group: use `backend=verl`, not `backend.name=verl`",
     )
     _choice(cfg, "quant.precision", VERL_PRECISIONS)
-    _check(
-        not cfg.correction.aligned_forward,
-        "correction.aligned_forward",
-        "the QaRL rollout-aligned forward is not plugged into verl's actor; allowed with backend=verl: false",
-    )
+    if cfg.correction.aligned_forward:
+        strategies = [str(o).split("=", 1)[1] for o in b.extra_overrides
+                      if str(o).lstrip("+").startswith("actor_rollout_ref.actor.strategy=")]
+        _check(
+            all(x in ("fsdp", "fsdp2", "fsdp_turbo") for x in strategies),
+            "backend.extra_overrides",
+            f"sets actor_rollout_ref.actor.strategy={strategies[-1] if strategies else ''}; the QaRL aligned forward "
+            "(correction.aligned_forward=true) is plugged into verl's FSDP engines only: fsdp, fsdp2, fsdp_turbo",
+        )
     for key in ("model_path", "train_files", "val_files"):
         _check(bool(b[key]), f"backend.{key}", "required with backend=verl (a local path on the compute nodes)")
     _check(b.nnodes >= 1, "backend.nnodes", "must be >= 1")

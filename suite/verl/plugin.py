@@ -23,6 +23,13 @@ C (``correction.tis_cap``) and the TBPO bands come in through environment variab
 verl's ActorConfig has no field for them; clip ranges and the dual clip come from verl's
 ``clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c``.
 
+QaRL's rollout-aligned forward (``correction.aligned_forward=true``): when the translator sets
+``SUITE_ALIGNED_FORWARD`` (the rollout quantizer's spec) in the workers' environment, loading the
+plugin also swaps verl's FSDP actor engines for aligned ones (suite.verl.aligned). That happens
+before the losses are registered, so a failure there (which verl logs only at debug level) also
+leaves the suite loss modes unregistered and the run stops at its first update instead of
+training silently without the aligned forward.
+
 Aggregation: suite.core.losses aggregates over the micro-batch it is given. Under data
 parallelism verl normalises by global counts (``config.global_batch_info``); the loss is rescaled
 by ``local count / global count * dp_size`` so the gradient equals verl's own aggregation.
@@ -30,6 +37,7 @@ by ``local count / global count * dp_size`` so the gradient equals verl's own ag
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -131,6 +139,18 @@ def _register() -> None:
         return _suite_loss("tbpo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
 
 
+def _install_aligned() -> None:
+    from suite.verl.aligned import ALIGNED_ENV, install
+
+    if os.environ.get(ALIGNED_ENV):
+        try:
+            install()
+        except Exception:
+            logging.getLogger(__name__).exception("suite plugin: the QaRL aligned forward could not be installed")
+            raise
+
+
+_install_aligned()
 _register()
 
 __all__ = ["ENV_KEYS", "behav_from_is_weights"]

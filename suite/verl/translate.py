@@ -16,6 +16,9 @@ mapping, axis by axis:
 - correction: tis -> verl's token-level rollout IS, threshold C; naive / acr / tbpo -> our
   registered loss modes (suite.verl.plugin), which recover ``r = pi_prox / pi_behav`` from
   verl's ``rollout_is_weights`` computed with a threshold that never truncates.
+- correction.aligned_forward: ``SUITE_ALIGNED_FORWARD`` = the rollout quantizer's spec in every
+  Ray worker; the plugin then swaps verl's FSDP actor engine for one whose block linears
+  fake-quantize their weights with that quantizer (suite.verl.aligned).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import re
 from omegaconf import DictConfig
 
 from suite.config import run_id
+from suite.verl.aligned import ALIGNED_ENV, scheme_spec
 
 # Loss modes registered with verl's register_policy_loss by suite.verl.plugin.
 SUITE_LOSS_MODES = {"naive": "suite_naive", "acr": "acr", "tbpo": "tbpo"}
@@ -73,7 +77,8 @@ def uaq_model_dir(cfg: DictConfig) -> str:
 
 
 def loss_env(cfg: DictConfig) -> dict[str, str]:
-    """Parameters of the suite loss modes that verl's ActorConfig has no field for."""
+    """Parameters of the suite loss modes that verl's ActorConfig has no field for, the rollout
+    quantizer for the vLLM worker extension and, with the aligned forward, its spec."""
     c = cfg.correction
     values = (c.tis_cap, c.tbpo_delta_pos, c.tbpo_delta_neg_low, c.tbpo_delta_neg_high, c.tbpo_seq_cap)
     env = {k: _f(v) for k, v in zip(LOSS_ENV, values)}
@@ -81,6 +86,9 @@ def loss_env(cfg: DictConfig) -> dict[str, str]:
         env[ROLLOUT_QUANT_ENV] = cfg.quant.precision
         env["SUITE_W4_GROUP_SIZE"] = str(cfg.quant.group_size)
         env["SUITE_W4_SYMMETRIC"] = "1" if cfg.quant.symmetric else "0"
+    if cfg.correction.aligned_forward:
+        q = cfg.quant
+        env[ALIGNED_ENV] = scheme_spec(q.precision, group_size=q.group_size, symmetric=q.symmetric)
     return env
 
 

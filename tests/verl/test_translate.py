@@ -13,6 +13,7 @@ pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl
 pytestmark = pytest.mark.verl
 
 from suite.config import ConfigError, compose_config  # noqa: E402
+from suite.verl.aligned import ALIGNED_BACKENDS, parse_spec  # noqa: E402
 from suite.verl.translate import (  # noqa: E402
     NEVER_TRUNCATE,
     W8A8_QUANT_CONFIG,
@@ -47,31 +48,16 @@ def verl_paths(tiny_qwen2, tmp_path_factory):
 
 
 def _cells(name: str, verl_base: list[str]):
-    """[(label, composed cfg or the ConfigError it raised)] for every cell of experiments/<name>
-    with the backend=verl overrides appended.
+    """[(label, composed cfg)] for every cell of experiments/<name> with the backend=verl overrides.
 
     The sweep loader (suite.sweep.spec.load_sweep) expands the file's own matrix / include /
-    exclude rules and composes every cell with ``backend=verl`` as an extra override. A file
-    with cells verl must refuse (the QaRL aligned forward) fails to load as a whole, so its
-    cells are expanded without the extra overrides and composed one by one.
+    exclude rules and composes every cell with ``backend=verl`` as an extra override; a cell
+    the verl backend refused would fail the whole file here.
     """
-    from suite.sweep.compose import CellComposer
-    from suite.sweep.spec import SweepError, load_sweep
+    from suite.sweep.spec import load_sweep
 
-    path = REPO / "experiments" / name
-    try:
-        sweep = load_sweep(path, verl_base)
-        return [(f"{name}#{c.index}", c.cfg) for c in sweep.cells]
-    except SweepError as exc:
-        if "correction.aligned_forward" not in str(exc):
-            raise
-    composer, out = CellComposer(), []
-    for c in load_sweep(path, []).cells:
-        try:
-            out.append((f"{name}#{c.index}", composer.compose(list(c.overrides) + verl_base)))
-        except ConfigError as exc:
-            out.append((f"{name}#{c.index}", exc))
-    return out
+    sweep = load_sweep(REPO / "experiments" / name, verl_base)
+    return [(f"{name}#{c.index}", c.cfg) for c in sweep.cells]
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +84,8 @@ def _structural(overrides: list[str]) -> tuple[str, ...]:
 
 @pytest.mark.parametrize("name", SWEEPS)
 def test_every_sweep_cell_composes_and_validates(name, verl_paths, composer, uaq_siblings):
-    """Each cell + backend=verl: verl overrides compose against ppo_trainer and pass validate_config.
-
-    Cells with the QaRL rollout-aligned forward (not plugged into verl's actor) must be refused
-    by suite.config.validate with an error naming the key, before anything is submitted.
-    """
+    """Each cell + backend=verl: verl overrides compose against ppo_trainer and pass validate_config,
+    and the composed verl config carries what the cell means (_check_semantics)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     if not (REPO / "experiments" / name).is_file():
@@ -110,13 +93,10 @@ def test_every_sweep_cell_composes_and_validates(name, verl_paths, composer, uaq
     parser = OverridesParser.create()
     checked: dict[tuple[str, ...], str] = {}
     cells = _cells(name, verl_paths)
-    refused = 0
+    aligned = 0
     for label, cfg in cells:
-        if isinstance(cfg, ConfigError):
-            assert "correction.aligned_forward" in str(cfg), f"{label}: {cfg}"
-            refused += 1
-            continue
         assert cfg.backend.name == "verl"
+        aligned += bool(cfg.correction.aligned_forward)
         ov = verl_overrides(cfg)
         parser.parse_overrides(ov)  # every cell's overrides are valid Hydra syntax
         assert len({o.split("=", 1)[0] for o in ov}) == len(ov), f"{label}: a key is set twice"
@@ -128,8 +108,8 @@ def test_every_sweep_cell_composes_and_validates(name, verl_paths, composer, uaq
         validate_verl_config(vcfg)
         _check_semantics(cfg, vcfg, label)
         checked[key] = label
-    assert len(checked) >= 3 and len(checked) + refused <= len(cells)
-    print(f"{name}: {len(cells)} cells, {len(checked)} distinct verl configs validated, {refused} refused (aligned forward)")
+    assert len(checked) >= 3 and len(checked) <= len(cells)
+    print(f"{name}: {len(cells)} cells, {len(checked)} distinct verl configs validated, {aligned} with the aligned forward")
 
 
 def _check_semantics(cfg, v, label):
@@ -164,6 +144,18 @@ def _check_semantics(cfg, v, label):
         assert "quantization" not in kw, label
     if q not in ("int8", "w4a16"):
         assert "worker_extension_cls" not in kw and "SUITE_ROLLOUT_QUANT" not in env, label
+    if cfg.correction.aligned_forward:
+        scheme = parse_spec(env.SUITE_ALIGNED_FORWARD)
+        assert scheme.precision == q, label
+        if q == "w4a16":
+            assert (scheme.group_size, scheme.symmetric) == (cfg.quant.group_size, cfg.quant.symmetric), label
+        if q == "fp8":  # verl's native FP8 rollout: 128x128 blocks
+            assert (scheme.fp8_granularity, scheme.block_size) == ("block", 128), label
+        # the aligned engine applies to trainable engines only: verl's actor trains, its ref is forward-only
+        fa, fr = ar.actor.fsdp_config, ar.ref.fsdp_config
+        assert fa.strategy in ALIGNED_BACKENDS and not fa.forward_only and fr.forward_only, label
+    else:
+        assert "SUITE_ALIGNED_FORWARD" not in env, label
     assert (v.critic.enable is True) == (a.name == "ppo"), label
     assert v.algorithm.filter_groups.enable == bool(a.dynamic_sampling), label
     if a.name == "dapo":
@@ -195,8 +187,11 @@ def test_unknown_verl_key_fails(verl_paths, composer):
 def test_verl_rejects_what_it_cannot_run(verl_paths):
     with pytest.raises(ConfigError, match=r"quant.precision='fp32'.*bf16, fp8, int8, w4a16"):
         compose_config(verl_paths + ["quant=fp32"])
-    with pytest.raises(ConfigError, match="correction.aligned_forward"):
-        compose_config(verl_paths + ["quant=w4a16", "correction.aligned_forward=true"])
+    with pytest.raises(ConfigError, match="backend.extra_overrides.*strategy=megatron.*fsdp, fsdp2, fsdp_turbo"):
+        compose_config(verl_paths + ["quant=w4a16", "correction.aligned_forward=true",
+                                     "backend.extra_overrides=['actor_rollout_ref.actor.strategy=megatron']"])
+    compose_config(verl_paths + ["quant=w4a16", "correction.aligned_forward=true",
+                                 "backend.extra_overrides=['actor_rollout_ref.actor.strategy=fsdp2']"])
     with pytest.raises(ConfigError, match="backend.model_path"):
         compose_config(["backend=verl"])
     with pytest.raises(ConfigError, match="backend.tensor_parallel_size"):

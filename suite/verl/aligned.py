@@ -1,0 +1,172 @@
+"""QaRL's rollout-aligned training forward inside verl's FSDP actor (``correction.aligned_forward``).
+
+The embedded trainer (suite.embedded.trainer ``_logprobs(aligned=True)``) computes the actor's
+log-probs -- the update's pi_theta and the recomputed pi_prox -- with every block linear weight
+fake-quantized by the rollout's own quantizer and a straight-through estimator
+(``suite.core.quant.fake_quant(w, scheme, ste=True)``). This module does the same in verl 0.9.1
+without forking it:
+
+- :func:`apply_aligned_forward` turns each block linear of a Hugging Face model
+  (``q/k/v/o_proj``, ``gate/up/down_proj``: exactly the layers the rollout quantizes,
+  suite.verl.int8_hook ``is_quantized_linear``) into an :class:`AlignedLinear`: the same module
+  and parameters (its class is swapped, so parameter names, the optimizer state, FSDP sharding
+  and the weight sync to vLLM are unchanged), whose forward is
+  ``F.linear(x, fake_quant(weight, scheme, ste=True), bias)``. Under FSDP the forward sees the
+  unsharded weight in the mixed-precision ``param_dtype`` (bf16): the same bf16 weights that
+  verl syncs to vLLM and that the rollout quantizes, so both sides quantize the same numbers.
+  Embeddings, norms and ``lm_head`` stay as they are (the rollout keeps them in bf16).
+- :func:`install` (called by the plugin, suite.verl.plugin, when ``SUITE_ALIGNED_FORWARD`` is set
+  in a worker's environment) replaces verl's FSDP language-model engines in
+  ``verl.workers.engine.EngineRegistry`` (backends ``fsdp``, ``fsdp2``, ``fsdp_turbo``) by
+  subclasses whose ``_build_module`` applies :func:`apply_aligned_forward` to the model verl has
+  just loaded, before FSDP wraps it -- the place verl applies its own QAT (``_apply_qat``). Only
+  trainable engines are aligned (``engine_config.forward_only`` is false: the actor, whose
+  ``compute_log_prob`` gives pi_prox and whose update gives pi_theta); the reference policy
+  (forward-only) and the critic (value model) keep the plain forward, as in the embedded backend.
+
+The scheme travels as one string (:func:`scheme_spec` / :func:`parse_spec`): ``bf16``,
+``int8`` (per-output-channel, as the INT8 rollout), ``w4a16:<group_size>:<sym|asym>`` and
+``fp8:block:<block>`` (verl's native FP8 rollout quantizes 128x128 blocks whatever
+``quant.fp8_granularity`` says; the aligned forward follows the rollout).
+
+verl's own QAT (``actor.qat``) is NVFP4 (W4A4 / W4A16 with FP4 E2M1 codes): a different grid
+from the rollouts the suite runs, so it is not used here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from suite.core.quant import QuantScheme, fake_quant
+from suite.verl.int8_hook import QUANTIZED_LINEARS
+
+log = logging.getLogger(__name__)
+
+ALIGNED_ENV = "SUITE_ALIGNED_FORWARD"  # the scheme spec; set by suite.verl.translate in every Ray worker
+VERL_FP8_BLOCK = 128  # verl's native FP8 rollout: weight_block_size [128, 128] (vllm_async_server)
+ALIGNED_BACKENDS = ("fsdp", "fsdp2", "fsdp_turbo")  # verl engine backends whose _build_module we extend
+
+
+def scheme_spec(precision: str, *, group_size: int = 128, symmetric: bool = True) -> str:
+    """The rollout quantizer of a verl run as one string (an environment variable's value)."""
+    if precision in ("bf16", "int8"):
+        return precision
+    if precision == "w4a16":
+        return f"w4a16:{int(group_size)}:{'sym' if symmetric else 'asym'}"
+    if precision == "fp8":
+        return f"fp8:block:{VERL_FP8_BLOCK}"
+    raise ValueError(f"aligned forward with backend=verl: quant.precision={precision!r}; allowed: bf16, int8, fp8, w4a16")
+
+
+def parse_spec(spec: str) -> QuantScheme:
+    """Inverse of :func:`scheme_spec`; a malformed spec raises ``ValueError`` naming the forms allowed."""
+    parts = spec.strip().split(":")
+    forms = "bf16 | int8 | w4a16:<group_size>:<sym|asym> | fp8:block:<block_size>"
+    try:
+        if parts[0] in ("bf16", "int8") and len(parts) == 1:
+            return QuantScheme(precision=parts[0])
+        if parts[0] == "w4a16" and len(parts) == 3 and parts[2] in ("sym", "asym"):
+            return QuantScheme(precision="w4a16", group_size=int(parts[1]), symmetric=parts[2] == "sym")
+        if parts[0] == "fp8" and len(parts) == 3 and parts[1] == "block":
+            return QuantScheme(precision="fp8", fp8_granularity="block", block_size=int(parts[2]))
+    except ValueError as exc:
+        raise ValueError(f"{ALIGNED_ENV}={spec!r}: {exc}; allowed forms: {forms}") from None
+    raise ValueError(f"{ALIGNED_ENV}={spec!r}; allowed forms: {forms}")
+
+
+class AlignedLinear(nn.Linear):
+    """An ``nn.Linear`` whose forward uses the rollout-quantized weight (STE gradient).
+
+    Made by swapping the class of an existing ``nn.Linear`` (:func:`apply_aligned_forward`); the
+    scheme is an attribute, the parameters are untouched (``state_dict`` keeps the full-precision
+    weights, which the optimizer updates and verl syncs to the rollout).
+    """
+
+    suite_scheme: QuantScheme
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, fake_quant(self.weight, self.suite_scheme, ste=True), self.bias)
+
+
+def apply_aligned_forward(model: nn.Module, scheme: QuantScheme) -> list[str]:
+    """Make every block linear of ``model`` an :class:`AlignedLinear`; returns their names.
+
+    Raises ``ValueError`` when the model has none (an architecture whose layer names the rollout
+    quantizer does not know: nothing would be aligned) or when a block linear is not a plain
+    ``nn.Linear`` (a LoRA or fused layer whose forward this cannot take over).
+    """
+    if scheme.precision == "fp32":
+        raise ValueError("aligned forward with quant.precision=fp32: nothing to align")
+    names = []
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] not in QUANTIZED_LINEARS:
+            continue
+        if type(module) not in (nn.Linear, AlignedLinear):
+            raise ValueError(
+                f"aligned forward: {name} is a {type(module).__name__}, not a plain nn.Linear; the QaRL aligned "
+                "forward supports plain Hugging Face linears (no LoRA, no fused layers)"
+            )
+        module.__class__ = AlignedLinear
+        module.suite_scheme = scheme
+        names.append(name)
+    if not names:
+        raise ValueError(
+            f"aligned forward: {type(model).__name__} has no block linears named {', '.join(QUANTIZED_LINEARS)}; "
+            "the rollout quantizer (suite.verl.int8_hook) would not quantize it either"
+        )
+    return names
+
+
+def _aligned_engine(base: type, scheme: QuantScheme) -> type:
+    """A subclass of verl engine ``base`` whose trainable model uses the aligned forward."""
+
+    class Aligned(base):
+        suite_aligned_scheme = scheme
+
+        def _build_module(self):
+            module = super()._build_module()
+            if not self.engine_config.forward_only:
+                names = apply_aligned_forward(module, self.suite_aligned_scheme)
+                log.info("suite aligned forward (%s): %d block linears fake-quantized", self.suite_aligned_scheme, len(names))
+            return module
+
+    Aligned.__name__ = Aligned.__qualname__ = f"SuiteAligned{base.__name__}"
+    Aligned.__module__ = __name__
+    return Aligned
+
+
+def install(spec: str | None = None) -> list[str]:
+    """Swap verl's FSDP language-model engines for aligned ones; returns the backends swapped.
+
+    ``spec`` defaults to ``$SUITE_ALIGNED_FORWARD``; nothing happens when it is empty. Idempotent.
+    """
+    spec = os.environ.get(ALIGNED_ENV, "") if spec is None else spec
+    if not spec:
+        return []
+    scheme = parse_spec(spec)
+    from verl.workers.engine import EngineRegistry
+
+    engines = EngineRegistry._engines.get("language_model", {})
+    swapped = []
+    for backend in ALIGNED_BACKENDS:
+        registry = engines.get(backend, {})
+        for key, cls in list(registry.items()):
+            if getattr(cls, "suite_aligned_scheme", None) is not None:
+                cls = cls.__mro__[1]  # installed before: rebuild from verl's own class
+            registry[key] = _aligned_engine(cls, scheme)
+        if registry:
+            swapped.append(backend)
+    if not swapped:
+        raise RuntimeError(
+            f"{ALIGNED_ENV}={spec!r} but verl registers no FSDP language-model engine ({', '.join(ALIGNED_BACKENDS)}); "
+            "the aligned forward supports verl's FSDP engines only"
+        )
+    return swapped
+
+
+__all__ = ["ALIGNED_ENV", "AlignedLinear", "apply_aligned_forward", "install", "parse_spec", "scheme_spec"]

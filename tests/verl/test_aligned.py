@@ -1,0 +1,213 @@
+"""QaRL's rollout-aligned forward in verl's FSDP actor (suite.verl.aligned), on CPU.
+
+The aligned forward is checked on the tiny Qwen2 checkpoint against an independent path (a copy
+of the model whose weights were replaced by their fake-quantized values), FP8 against verl's
+own blockwise FP8 quantizer, and the engine swap against verl's real ``EngineRegistry`` and
+``FSDPEngine._build_module`` (run on CPU in a one-process gloo group; FSDP wrapping itself needs
+a GPU and is not run here).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl]'")
+pytestmark = pytest.mark.verl
+
+from suite.core.quant import QuantScheme, fake_quant  # noqa: E402
+from suite.verl.aligned import (  # noqa: E402
+    ALIGNED_ENV,
+    AlignedLinear,
+    apply_aligned_forward,
+    install,
+    parse_spec,
+    scheme_spec,
+)
+from suite.verl.int8_hook import QUANTIZED_LINEARS  # noqa: E402
+
+SCHEMES = ["bf16", "int8", "w4a16:16:sym", "w4a16:16:asym", "fp8:block:16"]
+
+
+def _load(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def test_spec_round_trip_and_errors():
+    assert parse_spec(scheme_spec("int8")) == QuantScheme(precision="int8")
+    assert parse_spec(scheme_spec("bf16")) == QuantScheme(precision="bf16")
+    assert parse_spec(scheme_spec("w4a16", group_size=64, symmetric=False)) == QuantScheme(
+        precision="w4a16", group_size=64, symmetric=False)
+    # verl's native FP8 rollout quantizes 128x128 blocks, so the aligned forward does too
+    assert parse_spec(scheme_spec("fp8")) == QuantScheme(precision="fp8", fp8_granularity="block", block_size=128)
+    for bad in ("fp32", "int4", "w4a16:64", "w4a16:x:sym", "fp8:per_channel", "w4a16:0:sym"):
+        with pytest.raises(ValueError, match=ALIGNED_ENV):
+            parse_spec(bad)
+    with pytest.raises(ValueError, match="bf16, int8, fp8, w4a16"):
+        scheme_spec("fp32")
+
+
+@pytest.mark.parametrize("spec", SCHEMES)
+def test_aligned_forward_equals_fake_quantized_copy(tiny_qwen2, spec):
+    """Logits equal (bitwise) a copy whose block weights hold fake_quant(w); the STE gradient w.r.t.
+    each weight equals that copy's gradient w.r.t. its fake-quantized weight; parameters, names
+    and the other layers are untouched."""
+    scheme = parse_spec(spec)
+    plain = _load(tiny_qwen2)
+    aligned = copy.deepcopy(plain)
+    before = {k: v.clone() for k, v in aligned.state_dict().items()}
+    names = apply_aligned_forward(aligned, scheme)
+    layers = plain.config.num_hidden_layers
+    assert len(names) == 7 * layers and {n.rsplit(".", 1)[-1] for n in names} == set(QUANTIZED_LINEARS)
+    assert not isinstance(aligned.lm_head, AlignedLinear)
+    assert sum(isinstance(m, AlignedLinear) for m in aligned.modules()) == 7 * layers
+
+    reference = copy.deepcopy(plain)
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            if name.removesuffix(".weight") in names:
+                p.copy_(fake_quant(p, scheme))
+
+    tokens = torch.randint(3, plain.config.vocab_size, (3, 11), generator=torch.Generator().manual_seed(0))
+    target = torch.randn(3, 11, plain.config.vocab_size, generator=torch.Generator().manual_seed(1))
+    outs = {}
+    for label, model in (("aligned", aligned), ("reference", reference), ("plain", plain)):
+        logits = model(tokens).logits
+        (logits * target).sum().backward()
+        outs[label] = logits.detach()
+    assert torch.equal(outs["aligned"], outs["reference"])
+    if spec != "bf16":  # a bf16 round trip can leave these tiny random weights' products equal
+        assert not torch.equal(outs["aligned"], outs["plain"])  # the aligned forward did change the numbers
+    a_params, r_params = dict(aligned.named_parameters()), dict(reference.named_parameters())
+    for name, p in a_params.items():
+        torch.testing.assert_close(p.grad, r_params[name].grad, rtol=1e-6, atol=1e-7, msg=name)
+    after = aligned.state_dict()
+    assert list(after) == list(before)  # same names: optimizer state and weight sync unchanged
+    assert all(torch.equal(after[k], before[k]) for k in before)  # full-precision weights kept
+
+
+def test_fp8_aligned_weights_equal_verls_fp8_rollout_quantizer():
+    """FP8: our block fake-quant of a bf16 weight equals verl's own rollout quantizer
+    (verl.utils.kernel.fp8_kernel, the PyTorch path; 128x128 blocks), dequantized."""
+    from verl.utils.kernel.fp8_kernel import _scaled_fp8_blockwise_pytorch
+
+    scheme = parse_spec(scheme_spec("fp8"))
+    gen = torch.Generator().manual_seed(0)
+    for shape in ((256, 384), (200, 130)):
+        w = (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+        codes, descale = _scaled_fp8_blockwise_pytorch(w, [128, 128])
+        d = descale.reshape(descale.shape[0], descale.shape[1])
+        verl_dq = codes.float() * d.repeat_interleave(128, 0).repeat_interleave(128, 1)[: shape[0], : shape[1]]
+        ours = fake_quant(w.float(), scheme)
+        # verl multiplies by 448 / amax where we divide by amax / 448: the fp8 codes agree; the
+        # float32 dequantized values differ by at most 2 ulp (a different code would be >= 1/16)
+        rel = ((ours - verl_dq).abs() / verl_dq.abs().clamp_min(1e-30)).max().item()
+        assert rel <= 2.5e-7, (shape, rel)
+        # what the aligned forward uses under FSDP mixed precision: bf16 in, bf16 out -- identical
+        assert torch.equal(fake_quant(w, scheme), verl_dq.to(torch.bfloat16))
+
+
+def test_refuses_models_it_cannot_align():
+    with pytest.raises(ValueError, match="no block linears"):
+        apply_aligned_forward(nn.Sequential(nn.Linear(4, 4)), QuantScheme(precision="int8"))
+
+    class LoraLinear(nn.Linear):
+        pass
+
+    model = nn.Module()
+    model.q_proj = LoraLinear(4, 4)
+    with pytest.raises(ValueError, match="q_proj is a LoraLinear"):
+        apply_aligned_forward(model, QuantScheme(precision="int8"))
+    with pytest.raises(ValueError, match="fp32"):
+        apply_aligned_forward(nn.Sequential(), QuantScheme(precision="fp32"))
+
+
+@pytest.fixture
+def registry():
+    """verl's engine registry, restored after the test (install() mutates it)."""
+    from verl.workers.engine import EngineRegistry
+
+    saved = {mt: {b: dict(r) for b, r in d.items()} for mt, d in EngineRegistry._engines.items()}
+    yield EngineRegistry
+    EngineRegistry._engines.clear()
+    EngineRegistry._engines.update(saved)
+
+
+@pytest.fixture
+def gloo_group():
+    """A one-process gloo group: verl's _build_module asks torch.distributed for the rank."""
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _build_module(engine_cls, model_dir, forward_only: bool):
+    """verl's own FSDPEngine._build_module (HF load, verl's monkey patches) on an engine object
+    made without __init__ (whose device mesh needs CUDA), with verl's real config classes."""
+    from verl.workers.config import FSDPEngineConfig, HFModelConfig
+
+    eng = engine_cls.__new__(engine_cls)
+    eng.model_config = HFModelConfig(path=str(model_dir), override_config={"attn_implementation": "eager"})
+    eng.engine_config = FSDPEngineConfig(forward_only=forward_only, strategy="fsdp2")
+    eng.device_mesh, eng.use_remove_padding, eng.ulysses_sequence_parallel_size = None, False, 1
+    return eng._build_module()
+
+
+def test_install_swaps_verls_fsdp_engines(registry, gloo_group, tiny_qwen2, monkeypatch):
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
+
+    monkeypatch.setenv("VERL_ENGINE_DEVICE", "cuda")  # the engine a GPU worker would get
+    assert registry.get_engine_cls("language_model", "fsdp2") is FSDPEngineWithLMHead
+    assert install("") == []  # no spec, nothing swapped
+    assert sorted(install("w4a16:16:sym")) == ["fsdp", "fsdp2", "fsdp_turbo"]
+    install("int8")  # idempotent: a second install rebuilds from verl's class
+    cls = registry.get_engine_cls("language_model", "fsdp2")
+    assert cls.__mro__[1] is FSDPEngineWithLMHead and cls.suite_aligned_scheme == QuantScheme(precision="int8")
+    assert registry.get_engine_cls("value_model", "fsdp2") is FSDPEngineWithValueHead  # the critic is not aligned
+
+    actor = _build_module(cls, tiny_qwen2, forward_only=False)
+    block = [m for n, m in actor.named_modules() if n.rsplit(".", 1)[-1] in QUANTIZED_LINEARS]
+    assert block and all(type(m) is AlignedLinear and m.suite_scheme.precision == "int8" for m in block)
+    ref = _build_module(cls, tiny_qwen2, forward_only=True)  # the reference policy keeps the plain forward
+    assert not any(isinstance(m, AlignedLinear) for m in ref.modules())
+    plain = _build_module(FSDPEngineWithLMHead, tiny_qwen2, forward_only=False)
+    tokens = torch.randint(3, 90, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert not torch.equal(actor(tokens).logits, plain(tokens).logits)
+        assert torch.equal(ref(tokens).logits, plain(tokens).logits)
+
+
+def test_import_verl_installs_through_the_plugin_entry_point():
+    """In a fresh process, ``import verl`` with SUITE_ALIGNED_FORWARD set (as the translator sets it
+    in every Ray worker) swaps the engines; without it verl's own engines stay."""
+    code = (
+        "import verl\n"
+        "from verl.workers.engine import EngineRegistry as R\n"
+        "print(R._engines['language_model']['fsdp']['cuda'].__name__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != ALIGNED_ENV}
+    names = []
+    for extra in ({ALIGNED_ENV: "w4a16:32:asym"}, {}):
+        out = subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        names.append(out.stdout.split()[-1])
+    assert names == ["SuiteAlignedFSDPEngineWithLMHead", "FSDPEngineWithLMHead"]
+    bad = subprocess.run([sys.executable, "-c", "import verl\nfrom verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
+                          "get_policy_loss_fn('acr')"], env={**env, ALIGNED_ENV: "int4"}, capture_output=True, text=True,
+                         timeout=300)
+    # a bad spec must not train silently without the aligned forward: the suite losses are missing too
+    assert bad.returncode != 0 and "acr" in bad.stderr, bad.stderr[-2000:]
