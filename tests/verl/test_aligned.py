@@ -2,9 +2,9 @@
 
 The aligned forward is checked on the tiny Qwen2 checkpoint against an independent path (a copy
 of the model whose weights were replaced by their fake-quantized values), FP8 against verl's
-own blockwise FP8 quantizer, and the engine swap against verl's real ``EngineRegistry`` and
-``FSDPEngine._build_module`` (run on CPU in a one-process gloo group; FSDP wrapping itself needs
-a GPU and is not run here).
+own blockwise FP8 quantizer, and the engine swap against verl's real ``EngineRegistry``,
+``FSDPEngine._build_module`` and ``apply_fsdp2`` (FSDP2 on a one-process CPU gloo mesh). A full
+verl step (Ray workers, vLLM) needs GPUs and is not run here.
 """
 
 from __future__ import annotations
@@ -211,3 +211,49 @@ def test_import_verl_installs_through_the_plugin_entry_point():
                          timeout=300)
     # a bad spec must not train silently without the aligned forward: the suite losses are missing too
     assert bad.returncode != 0 and "acr" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_aligned_actor_under_verls_fsdp2_wrapping(registry, gloo_group, tiny_qwen2, monkeypatch):
+    """The aligned actor wrapped by verl's own apply_fsdp2 with the mixed-precision policy verl's
+    FSDP2 engine uses (bf16 params, fp32 reduce) -- on a one-process CPU mesh -- gives logits equal,
+    bit for bit, to a model whose parameters are bf16 with fake-quantized block weights: the
+    forward sees the unsharded bf16 weight, the same numbers verl syncs to vLLM. The STE gradient
+    reaches the sharded float32 master weights and equals the reference's."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from verl.utils.fsdp_utils import apply_fsdp2
+
+    monkeypatch.setenv("VERL_ENGINE_DEVICE", "cuda")
+    install("w4a16:16:asym")
+    cls = registry.get_engine_cls("language_model", "fsdp2")
+    actor = _build_module(cls, tiny_qwen2, forward_only=False)
+    scheme = parse_spec("w4a16:16:asym")
+    names = [n for n, m in actor.named_modules() if isinstance(m, AlignedLinear)]
+    reference = copy.deepcopy(actor)
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            p.data = p.data.to(torch.bfloat16)  # parameters only: buffers (rotary inv_freq) stay float32, as under FSDP
+            if name.removesuffix(".weight") in names:
+                p.copy_(fake_quant(p, scheme))
+    for m in reference.modules():
+        if isinstance(m, AlignedLinear):
+            m.__class__ = nn.Linear  # the reference holds the quantized weights itself
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=True)
+    fsdp_kwargs = {"mesh": init_device_mesh("cpu", (1,)), "mp_policy": mp, "offload_policy": None, "reshard_after_forward": True}
+    apply_fsdp2(actor, fsdp_kwargs, {})
+    assert type(actor.model.layers[0]).__name__.startswith("FSDP")
+    assert isinstance(actor.model.layers[0].self_attn.q_proj, AlignedLinear)
+
+    tokens = torch.randint(3, 90, (2, 9), generator=torch.Generator().manual_seed(0))
+    target = torch.randn(2, 9, actor.config.vocab_size, generator=torch.Generator().manual_seed(1))
+    logits, ref_logits = actor(tokens).logits, reference(tokens).logits
+    assert logits.dtype == torch.bfloat16 and torch.equal(logits, ref_logits)
+    (logits.float() * target).sum().backward()
+    (ref_logits.float() * target).sum().backward()
+    ref_params = dict(reference.named_parameters())
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight"):
+        p = dict(actor.named_parameters())[name]
+        assert p.dtype == torch.float32  # the sharded master weight
+        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        torch.testing.assert_close(grad, ref_params[name].grad.float(), rtol=0, atol=0, msg=name)
