@@ -347,6 +347,14 @@ def _validate_verl(cfg: DictConfig) -> None:
             f"sets actor_rollout_ref.actor.strategy={strategies[-1] if strategies else ''}; the QaRL aligned forward "
             "(correction.aligned_forward=true) is plugged into verl's FSDP engines only: fsdp, fsdp2, fsdp_turbo",
         )
+        lora = [str(o).split("=", 1)[1] for o in b.extra_overrides
+                if str(o).lstrip("+").startswith("actor_rollout_ref.model.lora_rank=")]
+        _check(
+            all(x.strip() in ("0", "null") for x in lora),
+            "backend.extra_overrides",
+            f"sets actor_rollout_ref.model.lora_rank={lora[-1] if lora else ''}; the QaRL aligned forward quantizes the "
+            "base weights while the rollout quantizes base + LoRA merged: allowed with correction.aligned_forward=true: 0",
+        )
     for key in ("model_path", "train_files", "val_files"):
         _check(bool(b[key]), f"backend.{key}", "required with backend=verl (a local path on the compute nodes)")
     _check(b.nnodes >= 1, "backend.nnodes", "must be >= 1")

@@ -192,6 +192,9 @@ def test_verl_rejects_what_it_cannot_run(verl_paths):
                                      "backend.extra_overrides=['actor_rollout_ref.actor.strategy=megatron']"])
     compose_config(verl_paths + ["quant=w4a16", "correction.aligned_forward=true",
                                  "backend.extra_overrides=['actor_rollout_ref.actor.strategy=fsdp2']"])
+    with pytest.raises(ConfigError, match="backend.extra_overrides.*lora_rank=8.*allowed.*: 0"):
+        compose_config(verl_paths + ["quant=int8", "correction.aligned_forward=true",
+                                     "backend.extra_overrides=['actor_rollout_ref.model.lora_rank=8']"])
     with pytest.raises(ConfigError, match="backend.model_path"):
         compose_config(["backend=verl"])
     with pytest.raises(ConfigError, match="backend.tensor_parallel_size"):
