@@ -34,6 +34,8 @@ AUTOCASTS = ("auto", "bf16", "fp32")
 TASKS = ("arith", "word")
 BACKENDS = ("embedded", "verl")
 VERL_PRECISIONS = ("bf16", "fp8", "int8", "w4a16")  # rollout precisions the verl backend can run (suite.verl)
+# verl actor strategies (engine backends) the QaRL aligned forward is plugged into (suite.verl.aligned)
+VERL_ALIGNED_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")
 MODEL_PRESETS = ("tiny", "small", "base", "large", "wide")
 
 
@@ -329,6 +331,11 @@ def validate(cfg: DictConfig) -> None:
         _validate_verl(cfg)
 
 
+def _override_values(backend: DictConfig, key: str) -> list[str]:
+    """The values ``backend.extra_overrides`` gives verl's ``key`` (with or without Hydra's ``+``), in order."""
+    return [str(o).split("=", 1)[1] for o in backend.extra_overrides if str(o).lstrip("+").startswith(key + "=")]
+
+
 def _validate_verl(cfg: DictConfig) -> None:
     """What the verl backend cannot run, named before anything is submitted (docs/verl.md)."""
     b = cfg.backend
@@ -339,16 +346,14 @@ def _validate_verl(cfg: DictConfig) -> None:
     )
     _choice(cfg, "quant.precision", VERL_PRECISIONS)
     if cfg.correction.aligned_forward:
-        strategies = [str(o).split("=", 1)[1] for o in b.extra_overrides
-                      if str(o).lstrip("+").startswith("actor_rollout_ref.actor.strategy=")]
+        strategies = _override_values(b, "actor_rollout_ref.actor.strategy")
         _check(
-            all(x in ("fsdp", "fsdp2", "fsdp_turbo") for x in strategies),
+            all(x in VERL_ALIGNED_STRATEGIES for x in strategies),
             "backend.extra_overrides",
             f"sets actor_rollout_ref.actor.strategy={strategies[-1] if strategies else ''}; the QaRL aligned forward "
-            "(correction.aligned_forward=true) is plugged into verl's FSDP engines only: fsdp, fsdp2, fsdp_turbo",
+            f"(correction.aligned_forward=true) is plugged into verl's FSDP engines only: {', '.join(VERL_ALIGNED_STRATEGIES)}",
         )
-        lora = [str(o).split("=", 1)[1] for o in b.extra_overrides
-                if str(o).lstrip("+").startswith("actor_rollout_ref.model.lora_rank=")]
+        lora = _override_values(b, "actor_rollout_ref.model.lora_rank")
         _check(
             all(x.strip() in ("0", "null") for x in lora),
             "backend.extra_overrides",

@@ -409,7 +409,7 @@ class RolloutEngine:
                 logits = model.lm_head(h[:, -1]).float()[src_t]  # [B, V]
                 cache.gather_rows(src_t, P)
 
-            state = _DecodeState(cache, self.cfg.n_heads)  # per-call buffers and views of the cache
+            state = _DecodeState(cache)  # per-call buffers and views of the cache
 
             n = 0
             for t in range(max_new_tokens):
@@ -478,7 +478,7 @@ class _DecodeState:
     step and layer; the q / k projections' outputs (see _DecodeLayer); per-layer views of
     the KV cache as [B * H, max_len, hd] batches."""
 
-    def __init__(self, cache: KVCache, n_heads: int):
+    def __init__(self, cache: KVCache):
         L, B, H, S, hd = cache.k.shape
         self.cache = cache
         self.bias4 = torch.zeros(B, H, 1, S, dtype=cache.k.dtype, device=cache.k.device)  # [B, H, 1, S]

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from suite.config import VERL_ALIGNED_STRATEGIES
 from suite.core.quant import QuantScheme, fake_quant
 from suite.verl.int8_hook import QUANTIZED_LINEARS
 
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 ALIGNED_ENV = "SUITE_ALIGNED_FORWARD"  # the scheme spec; set by suite.verl.translate in every Ray worker
 VERL_FP8_BLOCK = 128  # verl's native FP8 rollout: weight_block_size [128, 128] (vllm_async_server)
-ALIGNED_BACKENDS = ("fsdp", "fsdp2", "fsdp_turbo")  # verl engine backends whose _build_module we extend
+ALIGNED_BACKENDS = VERL_ALIGNED_STRATEGIES  # verl engine backends whose _build_module we extend
 
 
 def scheme_spec(precision: str, *, group_size: int = 128, symmetric: bool = True) -> str:

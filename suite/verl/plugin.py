@@ -140,14 +140,13 @@ def _register() -> None:
 
 
 def _install_aligned() -> None:
-    from suite.verl.aligned import ALIGNED_ENV, install
+    from suite.verl.aligned import install
 
-    if os.environ.get(ALIGNED_ENV):
-        try:
-            install()
-        except Exception:
-            logging.getLogger(__name__).exception("suite plugin: the QaRL aligned forward could not be installed")
-            raise
+    try:
+        install()  # a no-op unless SUITE_ALIGNED_FORWARD is set
+    except Exception:
+        logging.getLogger(__name__).exception("suite plugin: the QaRL aligned forward could not be installed")
+        raise
 
 
 _install_aligned()

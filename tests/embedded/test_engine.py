@@ -195,7 +195,7 @@ def test_decode_step_equals_the_general_forward(precision, d_model):
     with torch.no_grad():
         for c in (general, fast):
             e.model.hidden(tokens, attention_mask=mask, kv_cache=c)
-        state = _DecodeState(fast, m.cfg.n_heads)
+        state = _DecodeState(fast)
         for t in range(R):
             h = e.model.hidden(new[t, :, None], attention_mask=valid[t, :, None], kv_cache=general)  # [B, 1, D]
             want = e.model.lm_head(h[:, 0]).float()  # [B, V]
