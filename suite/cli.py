@@ -47,9 +47,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if cfg.backend.name == "embedded":
         from suite.embedded.trainer import EmbeddedRun
+        from suite.hardware import HardwareError
 
         try:
             summary = EmbeddedRun(cfg, run_dir, progress=not args.no_progress and sys.stderr.isatty()).run()
+        except HardwareError as exc:  # refused before anything was created: no run dir, no MLflow run
+            print(f"suite: cannot run here: {exc}", file=sys.stderr)
+            return 2
         except Exception as exc:  # end the MLflow run FAILED (not RUNNING forever), then report
             from suite.sweep.job import mark_mlflow_failed
 

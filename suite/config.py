@@ -31,6 +31,7 @@ ALGOS = ("ppo", "grpo", "dapo")
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AUTOCASTS = ("auto", "bf16", "fp32")
+KERNEL_CHOICES = ("auto", "native", "emulated")  # quant.kernels, quant.bf16_kernels (suite.hardware)
 TASKS = ("arith", "word")
 BACKENDS = ("embedded", "verl")
 VERL_PRECISIONS = ("bf16", "fp8", "int8", "w4a16")  # rollout precisions the verl backend can run (suite.verl)
@@ -88,6 +89,11 @@ class QuantConfig:
     block_size: int = 128  # FP8 block edge (entries) when fp8_granularity=block
     group_size: int = 128  # W4A16 group size (input entries per scale); clipped to the layer width
     symmetric: bool = True  # W4A16: symmetric (no zero point) or asymmetric
+    # Embedded engine kernels (suite.hardware): auto resolves at compose time, on the machine that
+    # composes, to native (low-precision kernels) or emulated (float32 GEMMs, same numerics; int8
+    # bit-identical); the resolved value is part of the run id. Ignored by backend=verl (vLLM's kernels).
+    kernels: str = "auto"  # the quantized GEMMs: auto | native | emulated
+    bf16_kernels: str = "auto"  # the bf16 matmuls outside them (attention, lm_head): auto | native | emulated
 
 
 @dataclass
@@ -146,10 +152,12 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global gradient norm
     epochs: int = 1  # passes over each step's rollouts (ppo_epochs)
     minibatches: int = 2  # optimizer steps per epoch (ppo_mini_batch = rollouts / minibatches)
-    # Trainer forward/backward precision (master weights stay fp32): bf16 autocast, fp32, or auto =
-    # bf16 where the CPU computes bf16 natively (AVX512-BF16 / AMX) or on CUDA, else fp32. On
-    # AVX2-only CPUs bf16 is emulated and measured 15-20x slower than fp32 for the backward.
-    autocast: str = "auto"  # auto | bf16 | fp32
+    # Trainer forward/backward precision (master weights stay fp32). fp32 on every machine by
+    # default: an fp32 pi_prox isolates the rollout's quantization mismatch (docs/math.md, "Trainer
+    # precision"); bf16 is verl's FSDP mixed precision, the papers' setting; auto = bf16 where the
+    # CPU computes bf16 natively (AVX512-BF16 / AMX) or on CUDA, else fp32, resolved at compose time
+    # into the run id. On AVX2-only CPUs bf16 runs 15-20x slower than fp32 for the backward.
+    autocast: str = "fp32"  # fp32 | bf16 | auto (embedded backend)
 
 
 @dataclass
@@ -268,6 +276,8 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "algo.agg", AGGS)
     _choice(cfg, "algo.kl_estimator", KL_ESTIMATORS)
     _choice(cfg, "train.autocast", AUTOCASTS)
+    _choice(cfg, "quant.kernels", KERNEL_CHOICES)
+    _choice(cfg, "quant.bf16_kernels", KERNEL_CHOICES)
     s = cfg.uaq.s
     _check(s > 0 and s == s and s != float("inf"), "uaq.s", f"must be a finite number > 0, got {s}")
     _check(1 <= cfg.task.difficulty <= 4, "task.difficulty", f"must be in 1..4, got {cfg.task.difficulty}")
@@ -385,33 +395,78 @@ def _validate_verl(cfg: DictConfig) -> None:
 _NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir")
 
 
-def resolve_autocast(choice: str) -> bool:
-    """Whether the trainer runs under bf16 autocast, for ``train.autocast`` = auto | bf16 | fp32."""
-    if choice != "auto":
-        return choice == "bf16"
-    import torch
+def resolve_hardware(cfg: DictConfig) -> None:
+    """Replace every machine-dependent ``auto`` (``train.autocast``, ``quant.kernels``,
+    ``quant.bf16_kernels``) by the concrete choice for this machine, in place (suite.hardware).
 
-    if torch.cuda.is_available():
-        return True
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    Runs at compose time, so the resolved values are in the printed config, the params and the
+    run id. The verl backend keeps them as written: its numerics are verl's and vLLM's."""
+    if cfg.backend.name != "embedded":
+        return
+    from suite import hardware
+
+    q = cfg.quant
+    cfg.train.autocast = hardware.resolve_autocast(cfg.train.autocast)
+    q.kernels = hardware.resolve_kernels(q.kernels, q.precision, q.fp8_granularity)
+    q.bf16_kernels = hardware.resolve_bf16_kernels(q.bf16_kernels, q.precision)
 
 
-def run_id(cfg: DictConfig) -> str:
-    """Deterministic id of a run: a hash of its resolved, semantic configuration.
+def hardware_pins(cfg: DictConfig) -> list[str]:
+    """Overrides that fix a composed config's resolved hardware choices wherever it is composed
+    again (a sweep cell re-composed on a compute node of another type)."""
+    if cfg.backend.name != "embedded":
+        return []
+    return [f"train.autocast={cfg.train.autocast}", f"quant.kernels={cfg.quant.kernels}",
+            f"quant.bf16_kernels={cfg.quant.bf16_kernels}"]
 
-    Re-running the same command finds the same run directory and resumes it; sweeps use it to
-    skip finished cells.
-    """
+
+def finalize(cfg: DictConfig) -> DictConfig:
+    """The post-processing every composed config gets: paths expanded, hardware choices
+    resolved, values validated (`compose_config` and the sweep's fast composer share it)."""
+    cfg.warm_start.cache_dir = os.path.expanduser(OmegaConf.select(cfg, "warm_start.cache_dir"))
+    validate(cfg)
+    resolve_hardware(cfg)
+    return cfg
+
+
+def _semantic_digest(cfg: DictConfig, drop: tuple[str, ...] = ()) -> str:
+    """sha256 prefix of the resolved config without its non-semantic keys (and ``drop``)."""
     data = OmegaConf.to_container(cfg, resolve=True)
-    for key in _NON_SEMANTIC:
+    for key in _NON_SEMANTIC + drop:
         node = data
         *parents, leaf = key.split(".")
         for p in parents:
             node = node.get(p, {})
         node.pop(leaf, None)
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(blob.encode()).hexdigest()[:10]
-    return f"{axes_label(cfg)}-{digest}"
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def run_id(cfg: DictConfig) -> str:
+    """Deterministic id of a run: a hash of its resolved, semantic configuration.
+
+    Re-running the same command finds the same run directory and resumes it; sweeps use it to
+    skip finished cells. Resolved hardware choices (`resolve_hardware`) are part of it.
+    """
+    return f"{axes_label(cfg)}-{_semantic_digest(cfg)}"
+
+
+def group_key(cfg: DictConfig) -> str:
+    """The run id's hash without the seed: runs with equal keys differ only by their seed, so
+    a report may average them (and only them) as repeats of one cell."""
+    return _semantic_digest(cfg, drop=("seed",))
+
+
+def identity_tags(cfg: DictConfig) -> dict[str, str]:
+    """MLflow tags beside the axes that say which numerics a run computed with (every backend)."""
+    embedded = cfg.backend.name == "embedded"
+    return {
+        "trainer_dtype": cfg.train.autocast if embedded else "bf16",  # verl: FSDP bf16 mixed precision
+        "kernels": cfg.quant.kernels if embedded else "vllm",
+        "bf16_kernels": cfg.quant.bf16_kernels if embedded else "vllm",
+        "fp8_granularity": cfg.quant.fp8_granularity if cfg.quant.precision == "fp8" else "",
+        "group_key": group_key(cfg),
+    }
 
 
 def axes(cfg: DictConfig) -> dict[str, str]:
@@ -444,6 +499,4 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     with initialize(version_base="1.3", config_path=None, job_name="suite"):
         cfg = compose(config_name="config", overrides=list(overrides))
     GlobalHydra.instance().clear()
-    cfg.warm_start.cache_dir = os.path.expanduser(OmegaConf.select(cfg, "warm_start.cache_dir"))
-    validate(cfg)
-    return cfg
+    return finalize(cfg)

@@ -71,6 +71,7 @@ from suite.core.quant import (
     quantize_int8_per_token,
 )
 from suite.embedded.model import Block, KVCache, RMSNorm, Transformer
+from suite.hardware import cpu_features
 
 # The block linears a rollout engine quantizes (vLLM keeps embeddings, norms, lm_head in 16 bit).
 QUANTIZED_LINEARS = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.w_gate", "mlp.w_up", "mlp.w_down")
@@ -108,10 +109,11 @@ def native_is_fast(precision: str, device: torch.device, scheme: QuantScheme | N
                 and (scheme is None or scheme.fp8_granularity != "block"))
     if device.type == "cuda":
         return True
+    feats = cpu_features()  # honours an ISA cap (ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA)
     if precision == "int8":  # oneDNN's u8s8 VNNI / AMX kernels
-        return bool(torch.cpu._is_vnni_supported() or torch.cpu._is_amx_tile_supported())
+        return feats.int8_native
     if precision in ("bf16", "w4a16"):
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+        return feats.bf16_native
     return True  # fp32
 
 
@@ -247,12 +249,17 @@ def _bf16_matmul_emulated(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class RolloutEngine:
     """The rollout actor: a (quantized) copy of ``model``, re-synced each RL step, that samples.
 
-    ``kernels``: "auto" | "native" | "emulated" (module docstring); only the GEMMs differ.
+    ``kernels``: "auto" | "native" | "emulated" (module docstring) for the quantized GEMMs;
+    ``bf16_kernels`` the same for the bf16 matmuls outside them (attention, lm_head), None = as
+    ``kernels``. Only the GEMMs differ. Runs resolve both at compose time (suite.hardware).
     """
 
-    def __init__(self, model: Transformer, scheme: QuantScheme, *, kernels: str = "auto"):
-        if kernels not in KERNELS:
-            raise ValueError(f"kernels={kernels!r}; allowed: {KERNELS}")
+    def __init__(self, model: Transformer, scheme: QuantScheme, *, kernels: str = "auto",
+                 bf16_kernels: str | None = None):
+        bf16_kernels = kernels if bf16_kernels is None else bf16_kernels
+        for key, value in (("kernels", kernels), ("bf16_kernels", bf16_kernels)):
+            if value not in KERNELS:
+                raise ValueError(f"{key}={value!r}; allowed: {KERNELS}")
         p = scheme.precision
         self.scheme, self.cfg = scheme, model.cfg
         self.device = device = next(model.parameters()).device
@@ -260,7 +267,7 @@ class RolloutEngine:
         self.dtype = torch.float32 if p == "fp32" else torch.bfloat16
         self.native = kernels == "native" or (kernels == "auto" and native_is_fast(p, device, scheme))
         # bf16 attention matmuls and lm_head: native bf16 kernels, or the float32 emulation.
-        self.bf16_native = kernels == "native" or (kernels == "auto" and native_is_fast("bf16", device))
+        self.bf16_native = bf16_kernels == "native" or (bf16_kernels == "auto" and native_is_fast("bf16", device))
         if p == "fp8" and scheme.fp8_granularity == "block":
             self.native = False  # no row-wise-scaled kernel for 128x128 blocks: dequantize
 

@@ -27,7 +27,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from suite.config import axes, resolve_autocast, run_id
+from suite import hardware
+from suite.config import axes, identity_tags, run_id
 from suite.core import advantages as adv_fns
 from suite.core.losses import masked_mean, policy_loss, value_loss
 from suite.core.metrics import model_update_visibility, rollout_corr_metrics
@@ -126,6 +127,13 @@ class EmbeddedRun:
         # on_eval(step, held-out acc) -> bool, after each RL-step evaluation: True stops the run
         # there, ending as pruned (summary "pruned": true, MLflow tag pruned=true, status KILLED).
         self.on_eval = on_eval
+        # Resolved at compose time (suite.config.resolve_hardware); "auto" only if built by hand.
+        q = cfg.quant
+        self.bf16 = hardware.resolve_autocast(cfg.train.autocast) == "bf16"
+        self.kernels = hardware.resolve_kernels(q.kernels, q.precision, q.fp8_granularity)
+        self.bf16_kernels = hardware.resolve_bf16_kernels(q.bf16_kernels, q.precision)
+        hardware.check_executable(q.precision, self.kernels, self.bf16_kernels)  # or refuse, naming the key
+        self.kernels_executed = hardware.executed_kernels(self.kernels, q.precision)
         os.makedirs(run_dir, exist_ok=True)
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
@@ -144,7 +152,6 @@ class EmbeddedRun:
                 f"model.preset={cfg.model.preset} has max_seq_len {self.model_cfg.max_seq_len} < longest prompt "
                 f"({prompt_max}) + rollout.max_new_tokens ({cfg.rollout.max_new_tokens})"
             )
-        self.bf16 = resolve_autocast(cfg.train.autocast)
         self.scheme = QuantScheme(
             precision=cfg.quant.precision, fp8_granularity=cfg.quant.fp8_granularity,
             block_size=cfg.quant.block_size, group_size=cfg.quant.group_size, symmetric=cfg.quant.symmetric,
@@ -181,7 +188,8 @@ class EmbeddedRun:
             self.critic = Critic(self.model_cfg)
             self.critic.trunk.load_state_dict(state)
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.algo.critic_lr, betas=betas)
-        self.engine = RolloutEngine(self.actor, self.scheme)
+        self.engine = RolloutEngine(self.actor, self.scheme, kernels=self.kernels_executed,
+                                    bf16_kernels=self.bf16_kernels)
         self.eval_engine = RolloutEngine(self.actor, QuantScheme(precision="fp32"))
         self.sample_gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 1)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 2)
@@ -451,8 +459,10 @@ class EmbeddedRun:
         jsonl.truncate_after(self.step)  # steps after the checkpoint are recomputed, never duplicated
         mlflow_logger = MlflowLogger.for_run_dir(
             self.run_dir, cfg.tracking.tracking_uri, cfg.tracking.experiment,
-            cfg.tracking.run_name or os.path.basename(self.run_dir), tags={**axes(cfg), **dict(cfg.tracking.tags), "run_id": run_id(cfg),
-                  "trainer_dtype": "bf16" if self.bf16 else "fp32"},
+            cfg.tracking.run_name or os.path.basename(self.run_dir), tags={**axes(cfg), **identity_tags(cfg), **dict(cfg.tracking.tags), "run_id": run_id(cfg),
+                  "kernels_executed": self.kernels_executed, "cpu_flags": hardware.cpu_features().label(),
+                  # a cache written before the flags were recorded says "unknown"
+                  "warm_start_cpu_flags": str(self.warm_info.get("cpu_flags", "unknown"))},
             parent_run_id=cfg.tracking.parent_run_id or None,
         )
         logger = MultiLogger([jsonl, mlflow_logger])

@@ -27,6 +27,7 @@ from suite.embedded.batch import pack
 from suite.embedded.model import ModelConfig, Transformer, response_logprobs
 from suite.embedded.tasks import flawed_response, make_split
 from suite.embedded.tokenizer import CharTokenizer
+from suite.hardware import cpu_features
 from suite.tracking.atomic import atomic_write
 
 FORMAT_VERSION = 1  # bump when the SFT recipe changes, so stale caches are not reused
@@ -122,7 +123,10 @@ def train_warm_start(
             bar.set_postfix(loss=f"{loss_val:.3f}")
         if not progress and (i + 1) % 100 == 0:  # no bar (not a terminal): periodic lines instead
             print(f"warm start {i + 1}/{steps} loss={loss_val:.3f}", flush=True)
-    info = {"sft_steps": steps, "sft_final_loss": loss_val, "sft_seconds": time.perf_counter() - start}
+    # Where it was trained: float32 GEMMs sum in a different order on AVX2 and AVX-512, so a
+    # cache shared by two node types holds the first writer's weights (suite.hardware).
+    info = {"sft_steps": steps, "sft_final_loss": loss_val, "sft_seconds": time.perf_counter() - start,
+            "cpu_flags": cpu_features().label()}
     return model.state_dict(), info
 
 

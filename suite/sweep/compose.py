@@ -17,12 +17,11 @@ are Hydra's. tests/sweep/test_compose.py checks equality with `compose_config` o
 
 from __future__ import annotations
 
-import os
 import pickle
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from suite.config import compose_config, validate
+from suite.config import compose_config, finalize
 
 
 def _hydra_compose(overrides: list[str]) -> DictConfig:
@@ -91,7 +90,4 @@ class CellComposer:
             self._base[key] = base
         cfg = pickle.loads(base)
         ConfigLoaderImpl._apply_overrides_to_config(value_overrides, cfg)
-        # the same post-processing as compose_config
-        cfg.warm_start.cache_dir = os.path.expanduser(OmegaConf.select(cfg, "warm_start.cache_dir"))
-        validate(cfg)
-        return cfg
+        return finalize(cfg)  # the same post-processing as compose_config

@@ -37,13 +37,13 @@ def error_line(tb: str) -> str:
 def mark_mlflow_failed(cfg, run_dir: str, parent_run_id: str | None, tags: dict, message: str) -> None:
     """End the cell's MLflow run as FAILED (creating it if the run failed before the trainer did),
     with the error as a tag; the trainer's run-dir record keeps a retry on the same MLflow run."""
-    from suite.config import axes, run_id
+    from suite.config import axes, identity_tags, run_id
     from suite.tracking.loggers import MlflowLogger
 
     logger = MlflowLogger.for_run_dir(
         run_dir, cfg.tracking.tracking_uri, cfg.tracking.experiment,
         cfg.tracking.run_name or os.path.basename(run_dir),
-        tags={**axes(cfg), **dict(cfg.tracking.tags), **tags, "run_id": run_id(cfg)}, parent_run_id=parent_run_id,
+        tags={**axes(cfg), **identity_tags(cfg), **dict(cfg.tracking.tags), **tags, "run_id": run_id(cfg)}, parent_run_id=parent_run_id,
         catch_up=False,
     )
     logger.set_tags({"error": message[:490]})

@@ -403,7 +403,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from suite.config import ConfigError, run_id
+    from suite.config import ConfigError, hardware_pins, run_id
     from suite.sweep.compose import CellComposer
 
     path = os.path.abspath(os.fspath(path))
@@ -488,6 +488,9 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
             if exc.__cause__ is not None and str(exc.__cause__) not in msg:
                 msg += f": {exc.__cause__}"
             raise SweepError(f"{path}: cell {i} ({shown}): {msg}") from None
+        # Pin the hardware choices resolved here, so a compute node of another type that
+        # composes the cell again computes the same numerics (or refuses: suite.hardware).
+        ov = ov + [pin for pin in hardware_pins(cfg) if _override_key(pin) not in {_override_key(x) for x in ov}]
         rid = run_id(cfg)
         if rid in seen:
             j = seen[rid]

@@ -171,11 +171,11 @@ def _prepare_model(cfg: DictConfig, log=print) -> str:
 
 
 def _mlflow_run(cfg: DictConfig, run_dir: str) -> str:
-    from suite.config import axes, run_id
+    from suite.config import axes, identity_tags, run_id
     from suite.tracking.loggers import MlflowLogger
 
     t = cfg.tracking
-    tags = {**axes(cfg), **{str(k): str(v) for k, v in t.tags.items()}, "run_id": run_id(cfg)}
+    tags = {**axes(cfg), **identity_tags(cfg), **{str(k): str(v) for k, v in t.tags.items()}, "run_id": run_id(cfg)}
     logger = MlflowLogger.for_run_dir(run_dir, t.tracking_uri, t.experiment, t.run_name or run_id(cfg),
                                       tags=tags, parent_run_id=t.parent_run_id or None, catch_up=False)
     rid = logger.run_id  # created (or resumed) by the constructor; verl attaches and ends it

@@ -1,0 +1,156 @@
+"""What this machine computes natively, and the concrete numerics a run's ``auto`` choices become.
+
+Machines differ in CPU flags (AVX2-only, AVX-512 VNNI + BF16, AMX), and a SLURM cluster mixes
+node types. A choice that depends on the machine (``quant.kernels``, ``quant.bf16_kernels``,
+``train.autocast``) is resolved *once*, when the config is composed, into a concrete value that
+is part of the resolved config and hence of the run id: different numerics never share an id.
+Where the run later executes, :func:`check_executable` either runs the recorded choice exactly
+or refuses with a message naming the key (docs/architecture.md, "Hardware choices").
+
+The feature flags honour the ISA caps that PyTorch's kernels honour themselves, so an AVX2
+machine's choices can be reproduced on an AVX-512 one: ``ATEN_CPU_CAPABILITY=avx2`` (aten's
+vectorised kernels) and ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN's GEMMs, which run the int8 and
+bf16 matmuls). See https://github.com/pytorch/pytorch/blob/v2.5.0/aten/src/ATen/native/DispatchStub.cpp
+and https://oneapi-src.github.io/oneDNN/dev_guide_cpu_dispatcher_control.html.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+CHOICES = ("auto", "native", "emulated")  # quant.kernels / quant.bf16_kernels as a user writes them
+RESOLVED = ("native", "emulated")  # what they resolve to
+# oneDNN ISA names at or below AVX2 (anything else, e.g. AVX512_CORE_AMX, leaves the flags as detected)
+_ONEDNN_AVX2_OR_LESS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    """The CPU features that decide which low-precision kernels are fast."""
+
+    avx512_vnni: bool  # int8 dot products (oneDNN u8s8 VNNI kernels behind torch._int_mm)
+    avx512_bf16: bool  # bf16 dot products (vdpbf16ps: native bf16 GEMMs)
+    amx: bool  # AMX tiles (int8 and bf16)
+    capped: str = ""  # the ISA cap in force (ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA), "" if none
+
+    @property
+    def int8_native(self) -> bool:
+        return self.avx512_vnni or self.amx
+
+    @property
+    def bf16_native(self) -> bool:
+        return self.avx512_bf16 or self.amx
+
+    def label(self) -> str:
+        """Flags as a short tag value, e.g. 'avx512_vnni+avx512_bf16' or 'avx2'."""
+        names = [n for n in ("avx512_vnni", "avx512_bf16", "amx") if getattr(self, n)]
+        base = "+".join(names) or "avx2"
+        return f"{base} (capped: {self.capped})" if self.capped else base
+
+
+def cpu_features() -> CpuFeatures:
+    """The detected features, lowered by an AVX2-or-less ISA cap in the environment."""
+    import torch
+
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    caps = []
+    if aten in ("default", "avx2"):
+        caps.append(f"ATEN_CPU_CAPABILITY={aten}")
+    if onednn in _ONEDNN_AVX2_OR_LESS:
+        caps.append(f"ONEDNN_MAX_CPU_ISA={onednn}")
+    if caps:
+        return CpuFeatures(False, False, False, capped=", ".join(caps))
+    return CpuFeatures(
+        avx512_vnni=bool(torch.cpu._is_vnni_supported()),
+        avx512_bf16=bool(torch.cpu._is_avx512_bf16_supported()),
+        amx=bool(torch.cpu._is_amx_tile_supported()),
+    )
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _gemm_fast(precision: str, fp8_granularity: str, feats: CpuFeatures, cuda: bool) -> bool:
+    """Whether the rollout's quantized (or bf16) GEMMs have a fast native kernel here."""
+    if precision == "fp32":
+        return True
+    if precision == "fp8":
+        # torch._scaled_mm with row-wise scales; no CPU kernel is fast, no kernel takes 128x128 blocks
+        if not cuda or fp8_granularity == "block":
+            return False
+        import torch
+
+        return torch.cuda.get_device_capability() >= (8, 9)
+    if cuda:
+        return True
+    if precision == "int8":
+        return feats.int8_native
+    return feats.bf16_native  # bf16, w4a16 (bf16 GEMMs on dequantized weights)
+
+
+def resolve_kernels(choice: str, precision: str, fp8_granularity: str) -> str:
+    """``quant.kernels``: the rollout's quantized-GEMM path, native | emulated."""
+    if choice != "auto":
+        return choice
+    if precision == "fp32":
+        return "native"  # plain float32 GEMMs: there is nothing to emulate
+    return "native" if _gemm_fast(precision, fp8_granularity, cpu_features(), _cuda()) else "emulated"
+
+
+def resolve_bf16_kernels(choice: str, precision: str) -> str:
+    """``quant.bf16_kernels``: the bf16 matmuls outside the quantized GEMMs (attention, lm_head)."""
+    if choice != "auto":
+        return choice
+    if precision == "fp32":
+        return "native"  # an fp32 engine has no bf16 matmuls
+    return "native" if (_cuda() or cpu_features().bf16_native) else "emulated"
+
+
+def resolve_autocast(choice: str) -> str:
+    """``train.autocast``: the trainer's forward/backward precision, bf16 | fp32."""
+    if choice != "auto":
+        return choice
+    return "bf16" if (_cuda() or cpu_features().bf16_native) else "fp32"
+
+
+def executed_kernels(kernels: str, precision: str) -> str:
+    """The GEMM path that really runs for a resolved ``quant.kernels`` on this machine.
+
+    ``native`` int8 without VNNI / AMX runs the emulated path: both compute the same integer
+    sums exactly (suite.embedded.engine; tests/embedded/test_engine.py checks bit equality),
+    and torch's reference int8 kernel would be 10-20x slower than float32."""
+    if kernels == "native" and precision == "int8" and not _cuda() and not cpu_features().int8_native:
+        return "emulated"
+    return kernels
+
+
+class HardwareError(RuntimeError):
+    """A run's resolved numerics cannot be reproduced on this machine."""
+
+
+def check_executable(precision: str, kernels: str, bf16_kernels: str) -> None:
+    """Refuse, naming the key, a resolved choice this machine cannot run with the same numerics.
+
+    - ``quant.bf16_kernels=native`` (and ``quant.kernels=native`` for bf16 / w4a16) without
+      AVX512-BF16 or AMX: torch would run a reference bf16 kernel whose summation order differs
+      from the native one, so the numbers would not be those of the run id.
+    - ``quant.kernels=native`` int8 runs everywhere: see :func:`executed_kernels`.
+    - ``train.autocast=bf16`` runs everywhere: autocast's bf16 operands and float32 accumulation
+      are the same arithmetic on every CPU up to summation order, as float32 GEMMs are.
+    """
+    if _cuda() or precision == "fp32":
+        return
+    feats = cpu_features()
+    uses_bf16_gemm = precision in ("bf16", "w4a16") and kernels == "native"
+    for key, value, needed in (("quant.bf16_kernels", bf16_kernels, bf16_kernels == "native"),
+                               ("quant.kernels", kernels, uses_bf16_gemm)):
+        if needed and not feats.bf16_native:
+            raise HardwareError(
+                f"{key}={value}: this run's numerics were resolved for native bf16 GEMMs, but this CPU "
+                f"({feats.label()}) has neither AVX512-BF16 nor AMX. Run it on such a node, or set "
+                f"{key}=emulated (a different run id)")
