@@ -22,11 +22,12 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from suite.embedded.tasks import FLAW_OPS
+from suite.core.losses import CORRECTIONS as _LOSS_REGISTRY
 from suite.core.losses import TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP
 
 PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
 FP8_GRANULARITIES = ("per_tensor", "per_channel", "block")
-CORRECTIONS = ("naive", "tis", "acr", "tbpo")
+CORRECTIONS = tuple(_LOSS_REGISTRY)  # suite.core.losses: naive | bypass | tis | acr | tbpo
 ALGOS = ("ppo", "grpo", "dapo")
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -103,7 +104,9 @@ class UAQConfig:
 
 @dataclass
 class CorrectionConfig:
-    mode: str = "acr"  # naive | tis (FlashRL) | acr (QuRL) | tbpo (QaRL, sequence level)
+    # naive (the papers' uncorrected baseline) | bypass (verl's bypass mode) | tis (FlashRL) | acr (QuRL)
+    # | tbpo (QaRL, sequence level); docs/math.md says which paper / implementation each reproduces
+    mode: str = "acr"
     tis_cap: float = 2.0  # C: truncation of the IS weight pi_prox / pi_behav (FlashRL used 2 and 8)
     # TBPO bands act on a geometric-mean sequence ratio, which sits near 1: GSPO-sized defaults
     # (suite.core.losses explains the choice; QaRL does not state its values).

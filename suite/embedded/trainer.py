@@ -30,7 +30,7 @@ from tqdm import tqdm
 from suite import hardware
 from suite.config import axes, identity_tags, run_id
 from suite.core import advantages as adv_fns
-from suite.core.losses import masked_mean, policy_loss, value_loss
+from suite.core.losses import CORRECTIONS, masked_mean, policy_loss, value_loss
 from suite.core.metrics import model_update_visibility, rollout_corr_metrics
 from suite.core.quant import QuantScheme, fake_quant
 from suite.core.uaq import apply_uaq
@@ -323,6 +323,7 @@ class EmbeddedRun:
         N = b.tokens.shape[0]
         mb = max(1, N // cfg.train.minibatches)
         mode = cfg.correction.mode
+        loss_params = {k: cfg.correction[k] for k in CORRECTIONS[mode].params}  # e.g. tis_cap for tis / acr
         acc: dict[str, list[float]] = {}
         for _ in range(cfg.train.epochs):
             perm = torch.randperm(N, generator=self.shuffle_gen)
@@ -333,10 +334,8 @@ class EmbeddedRun:
                 logp, ent = self._logprobs(self.actor, sub, with_entropy=True, aligned=cfg.correction.aligned_forward)
                 loss, stats = policy_loss(
                     logp, prox_logp[idx], b.behav_logp[idx], advantages[idx], mask, mode=mode,
-                    clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high, tis_cap=cfg.correction.tis_cap,
-                    dual_clip=cfg.algo.dual_clip, agg=cfg.algo.agg,
-                    tbpo_delta_pos=cfg.correction.tbpo_delta_pos, tbpo_delta_neg_low=cfg.correction.tbpo_delta_neg_low,
-                    tbpo_delta_neg_high=cfg.correction.tbpo_delta_neg_high, tbpo_seq_cap=cfg.correction.tbpo_seq_cap,
+                    clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high, dual_clip=cfg.algo.dual_clip,
+                    agg=cfg.algo.agg, **loss_params,
                 )
                 total = loss
                 if self.ref is not None:

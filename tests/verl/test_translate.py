@@ -7,6 +7,8 @@ import os
 import shlex
 from pathlib import Path
 
+import json
+
 import pytest
 
 pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl]'")
@@ -123,14 +125,24 @@ def _check_semantics(cfg, v, label):
     assert ar.model.path == uaq_model_dir(cfg) and v.trainer.total_training_steps == cfg.steps, label
     assert list(v.trainer.logger) == ["console", "mlflow"] and v.trainer.project_name == cfg.tracking.experiment, label
     rc = v.algorithm.rollout_correction
+    from omegaconf import OmegaConf
+
+    env = OmegaConf.select(v, "ray_kwargs.ray_init.runtime_env.env_vars") or OmegaConf.create({})  # none for bf16 naive
     if c.mode == "tis":
         assert (rc.rollout_is, rc.rollout_is_threshold, ar.actor.policy_loss.loss_mode) == ("token", c.tis_cap, "vanilla"), label
+    elif c.mode in ("naive", "bypass"):  # verl's stock pipeline / its bypass mode: no IS weight
+        assert rc.rollout_is is None and ar.actor.policy_loss.loss_mode == "vanilla", label
+        assert "SUITE_LOSS_PARAMS" not in env, label
     else:
         assert (rc.rollout_is, rc.rollout_is_threshold) == ("token", NEVER_TRUNCATE), label
-        assert ar.actor.policy_loss.loss_mode == {"naive": "suite_naive", "acr": "acr", "tbpo": "tbpo"}[c.mode], label
-    assert rc.bypass_mode is False and rc.rollout_is_batch_normalize is False, label
-    env = v.ray_kwargs.ray_init.runtime_env.env_vars
-    assert all(isinstance(x, str) for x in env.values()) and float(env.SUITE_TIS_CAP) == c.tis_cap, label
+        assert ar.actor.policy_loss.loss_mode == c.mode, label
+        params = json.loads(env.SUITE_LOSS_PARAMS)
+        assert params == ({"tis_cap": c.tis_cap} if c.mode == "acr" else
+                          {k: c[k] for k in ("tbpo_delta_pos", "tbpo_delta_neg_low", "tbpo_delta_neg_high", "tbpo_seq_cap")}), label
+    assert rc.bypass_mode is (c.mode == "bypass") and rc.rollout_is_batch_normalize is False, label
+    if c.mode == "bypass":
+        assert rc.loss_type == "ppo_clip", label
+    assert all(isinstance(x, str) for x in env.values()), label
     assert ar.rollout.quantization == ("fp8" if q == "fp8" else None), label
     kw = ar.rollout.get("engine_kwargs", {}).get("vllm", {}) or {}
     if q in ("int8", "w4a16"):
