@@ -100,6 +100,10 @@ class QuantConfig:
 @dataclass
 class UAQConfig:
     s: float = 1.5  # UAQ invariant scale (QuRL §4.2); 1.0 disables it. Paper default 1.5, 2.0 unstable
+    # The control that separates UAQ from a learning-rate change: no rescaling, but the per-group
+    # AdamW learning rates UAQ with this scale implies (fed q/k/v/gate/up weights x s, norm gains
+    # / s; suite.core.uaq.uaq_param_groups). 1.0 = off; only with uaq.s=1.0 (embedded backend).
+    group_lr_s: float = 1.0
 
 
 @dataclass
@@ -283,6 +287,11 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "quant.bf16_kernels", KERNEL_CHOICES)
     s = cfg.uaq.s
     _check(s > 0 and s == s and s != float("inf"), "uaq.s", f"must be a finite number > 0, got {s}")
+    gs = cfg.uaq.group_lr_s
+    _check(gs > 0 and gs == gs and gs != float("inf"), "uaq.group_lr_s", f"must be a finite number > 0, got {gs}")
+    _check(gs == 1.0 or s == 1.0, "uaq.group_lr_s",
+           f"is the per-group-learning-rate control for UAQ (uaq.s=1.0 with the rates uaq.s={gs:g} implies); "
+           f"with uaq.s={s:g} set one of them to 1.0")
     _check(1 <= cfg.task.difficulty <= 4, "task.difficulty", f"must be in 1..4, got {cfg.task.difficulty}")
     _check(cfg.task.n_eval >= 1, "task.n_eval", "must be >= 1")
     _check(0 < cfg.algo.clip_low < 1, "algo.clip_low", f"must be in (0, 1), got {cfg.algo.clip_low}")
@@ -358,6 +367,9 @@ def _validate_verl(cfg: DictConfig) -> None:
         "backend.name=verl needs the verl option of the backend group: use `backend=verl`, not `backend.name=verl`",
     )
     _choice(cfg, "quant.precision", VERL_PRECISIONS)
+    _check(cfg.uaq.group_lr_s == 1.0, "uaq.group_lr_s",
+           "the per-group learning-rate control runs on the embedded backend only (verl's actor has one LR); allowed "
+           "with backend=verl: 1.0")
     if cfg.correction.aligned_forward:
         strategies = _override_values(b, "actor_rollout_ref.actor.strategy")
         _check(
@@ -467,7 +479,9 @@ def identity_tags(cfg: DictConfig) -> dict[str, str]:
         "trainer_dtype": cfg.train.autocast if embedded else "bf16",  # verl: FSDP bf16 mixed precision
         "kernels": cfg.quant.kernels if embedded else "vllm",
         "bf16_kernels": cfg.quant.bf16_kernels if embedded else "vllm",
-        "fp8_granularity": cfg.quant.fp8_granularity if cfg.quant.precision == "fp8" else "",
+        # verl's native FP8 rollout quantizes 128x128 blocks whatever quant.fp8_granularity says (docs/verl.md)
+        "fp8_granularity": ("block" if not embedded else cfg.quant.fp8_granularity) if cfg.quant.precision == "fp8" else "",
+        "uaq_group_lr_s": f"{cfg.uaq.group_lr_s:g}",
         "group_key": group_key(cfg),
     }
 

@@ -33,7 +33,7 @@ from suite.core import advantages as adv_fns
 from suite.core.losses import CORRECTIONS, masked_mean, policy_loss, value_loss
 from suite.core.metrics import model_update_visibility, rollout_corr_metrics
 from suite.core.quant import QuantScheme, fake_quant
-from suite.core.uaq import apply_uaq
+from suite.core.uaq import apply_uaq, uaq_param_groups
 from suite.embedded.batch import pad_right, repad
 from suite.embedded.engine import RolloutEngine
 from suite.embedded.model import PRESETS, ModelConfig, Transformer, response_logprobs
@@ -176,8 +176,11 @@ class EmbeddedRun:
             apply_uaq(self.actor, cfg.uaq.s, "embedded")
         self.qnames = quantized_weight_names(self.actor)
         betas = tuple(cfg.train.betas)
-        self.opt = torch.optim.AdamW(self.actor.parameters(), lr=cfg.train.lr, betas=betas,
-                                     weight_decay=cfg.train.weight_decay)
+        params = self.actor.parameters()
+        if cfg.uaq.group_lr_s != 1.0:  # the UAQ control: UAQ's per-group Adam rates without the rescaling
+            params = uaq_param_groups(self.actor, cfg.train.lr, cfg.uaq.group_lr_s, "embedded",
+                                      weight_decay=cfg.train.weight_decay)
+        self.opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=betas, weight_decay=cfg.train.weight_decay)
         self.ref = None
         if cfg.algo.kl_coef > 0:
             self.ref = Transformer(self.model_cfg)

@@ -285,3 +285,22 @@ def test_a_run_that_raises_ends_its_mlflow_run_failed(tmp_path):
         [e.experiment_id for e in MlflowClient(f"sqlite:///{db}").search_experiments()])
     assert len(runs) == 1
     assert runs[0].info.status == "FAILED" and "max_seq_len" in runs[0].data.tags["error"]
+
+
+def test_the_uaq_group_lr_control_trains_with_uaq_s_learning_rates(tmp_path):
+    """uaq.s=1.0 uaq.group_lr_s=1.5: no rescaling, AdamW groups at lr x 1.5 (q/k/v/gate/up),
+    lr / 1.5 (norm gains), lr (the rest); tagged, and a different run from both UAQ and no-UAQ."""
+    cfg = tiny_cfg(tmp_path, "steps=1", "eval_every=1", "uaq.s=1.0", "uaq.group_lr_s=1.5")
+    assert run_id(cfg) not in {run_id(tiny_cfg(tmp_path, "steps=1", "eval_every=1", f"uaq.s={s}")) for s in (1.0, 1.5)}
+    run = EmbeddedRun(cfg, str(tmp_path / "ctrl"), progress=False)
+    run.build()
+    lrs = {g["uaq_group"]: g["lr"] for g in run.opt.param_groups}
+    assert lrs == {"fed_linears": cfg.train.lr * 1.5, "norm_gains": cfg.train.lr / 1.5, "rest": cfg.train.lr}
+    fed = {id(p) for p in run.opt.param_groups[0]["params"]}
+    names = {n for n, p in run.actor.named_parameters() if id(p) in fed}
+    assert names == {f"layers.{i}.{w}.weight" for i in range(run.model_cfg.n_layers)
+                     for w in ("attn.wq", "attn.wk", "attn.wv", "mlp.w_gate", "mlp.w_up")}
+    run_dir, _ = run_cfg(cfg)
+    tags = MlflowClient(cfg.tracking.tracking_uri).search_runs(
+        [MlflowClient(cfg.tracking.tracking_uri).get_experiment_by_name("suite").experiment_id])[0].data.tags
+    assert tags["uaq_group_lr_s"] == "1.5" and tags["uaq_s"] == "1"
