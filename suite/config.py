@@ -79,6 +79,9 @@ class TaskConfig:
     name: str = "arith"  # arith (multi-step arithmetic) | word (GSM8K-style templated problems)
     difficulty: int = 2  # 1 (easiest) .. 4; number of reasoning steps and operand range
     n_eval: int = 256  # held-out prompts scored every `eval_every` steps
+    # avg@k (QuRL reports AIME avg@32): k samples per held-out prompt at rollout.temperature / top_p,
+    # logged as val-core/<task>/acc/mean@k next to the greedy mean@1; 0 = off, else >= 2 (embedded only)
+    eval_samples: int = 0
 
 
 @dataclass
@@ -272,6 +275,8 @@ def validate(cfg: DictConfig) -> None:
     _check(s > 0 and s == s and s != float("inf"), "uaq.s", f"must be a finite number > 0, got {s}")
     _check(1 <= cfg.task.difficulty <= 4, "task.difficulty", f"must be in 1..4, got {cfg.task.difficulty}")
     _check(cfg.task.n_eval >= 1, "task.n_eval", "must be >= 1")
+    _check(cfg.task.eval_samples == 0 or cfg.task.eval_samples >= 2, "task.eval_samples",
+           f"must be 0 (off) or >= 2 (mean@1 is the rollout.eval_temperature accuracy), got {cfg.task.eval_samples}")
     _check(0 < cfg.algo.clip_low < 1, "algo.clip_low", f"must be in (0, 1), got {cfg.algo.clip_low}")
     _check(cfg.algo.clip_high > 0, "algo.clip_high", f"must be > 0, got {cfg.algo.clip_high}")
     if cfg.algo.dual_clip is not None:
@@ -345,6 +350,12 @@ def _validate_verl(cfg: DictConfig) -> None:
         "backend.name=verl needs the verl option of the backend group: use `backend=verl`, not `backend.name=verl`",
     )
     _choice(cfg, "quant.precision", VERL_PRECISIONS)
+    _check(
+        cfg.task.eval_samples == 0,
+        "task.eval_samples",
+        "is embedded only: verl validates with one sampling setting (its mean@n replaces the greedy mean@1); "
+        "set actor_rollout_ref.rollout.val_kwargs.n / do_sample / temperature in backend.extra_overrides instead. allowed: 0",
+    )
     if cfg.correction.aligned_forward:
         strategies = _override_values(b, "actor_rollout_ref.actor.strategy")
         _check(
