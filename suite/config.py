@@ -81,6 +81,9 @@ class TaskConfig:
     name: str = "arith"  # arith (multi-step arithmetic) | word (GSM8K-style templated problems)
     difficulty: int = 2  # 1 (easiest) .. 4; number of reasoning steps and operand range
     n_eval: int = 256  # held-out prompts scored every `eval_every` steps
+    # avg@k (QuRL reports AIME avg@32): k samples per held-out prompt at rollout.temperature / top_p,
+    # logged as val-core/<task>/acc/mean@k next to the greedy mean@1; 0 = off, else >= 2 (embedded only)
+    eval_samples: int = 0
 
 
 @dataclass
@@ -294,6 +297,8 @@ def validate(cfg: DictConfig) -> None:
            f"with uaq.s={s:g} set one of them to 1.0")
     _check(1 <= cfg.task.difficulty <= 4, "task.difficulty", f"must be in 1..4, got {cfg.task.difficulty}")
     _check(cfg.task.n_eval >= 1, "task.n_eval", "must be >= 1")
+    _check(cfg.task.eval_samples == 0 or cfg.task.eval_samples >= 2, "task.eval_samples",
+           f"must be 0 (off) or >= 2 (mean@1 is the rollout.eval_temperature accuracy), got {cfg.task.eval_samples}")
     _check(0 < cfg.algo.clip_low < 1, "algo.clip_low", f"must be in (0, 1), got {cfg.algo.clip_low}")
     _check(cfg.algo.clip_high > 0, "algo.clip_high", f"must be > 0, got {cfg.algo.clip_high}")
     if cfg.algo.dual_clip is not None:
@@ -370,6 +375,12 @@ def _validate_verl(cfg: DictConfig) -> None:
     _check(cfg.uaq.group_lr_s == 1.0, "uaq.group_lr_s",
            "the per-group learning-rate control runs on the embedded backend only (verl's actor has one LR); allowed "
            "with backend=verl: 1.0")
+    _check(
+        cfg.task.eval_samples == 0,
+        "task.eval_samples",
+        "is embedded only: verl validates with one sampling setting (its mean@n replaces the greedy mean@1); "
+        "set actor_rollout_ref.rollout.val_kwargs.n / do_sample / temperature in backend.extra_overrides instead. allowed: 0",
+    )
     if cfg.correction.aligned_forward:
         strategies = _override_values(b, "actor_rollout_ref.actor.strategy")
         _check(

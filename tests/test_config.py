@@ -80,6 +80,8 @@ def test_type_error_names_the_key():
         (["rollout.temperature=0"], "rollout.temperature"),
         (["task.difficulty=9"], "task.difficulty"),
         (["algo.clip_low=1.0"], "algo.clip_low"),
+        (["task.eval_samples=-1"], "task.eval_samples"),
+        (["task.eval_samples=1"], "task.eval_samples"),
     ],
 )
 def test_bad_values_name_the_key(overrides, key):

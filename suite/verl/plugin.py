@@ -32,6 +32,12 @@ before the losses are registered, so a failure there (which verl logs only at de
 leaves the suite loss modes unregistered and the run stops at its first update instead of
 training silently without the aligned forward.
 
+Metrics: besides the loss's own stats, each registered loss returns the token quantiles of
+``r = pi_prox / pi_behav`` (``rollout_corr/ratio_p1`` ...) and of ``R = pi_theta / pi_prox``
+(``actor/ratio_p1`` ...) from suite.core.metrics, over the micro-batch's valid tokens; verl
+averages a loss's metrics over micro-batches (and ranks), so a verl quantile is a mean of
+micro-batch quantiles (docs/metrics.md).
+
 Aggregation: suite.core.losses aggregates over the micro-batch it is given. Under data
 parallelism verl normalises by global counts (``config.global_batch_info``); the loss is rescaled
 by ``local count / global count * dp_size`` so the gradient equals verl's own aggregation.
@@ -46,6 +52,7 @@ import os
 import torch
 
 from suite.core.losses import CORRECTIONS, policy_loss
+from suite.core.metrics import mismatch_ratio_metrics, policy_ratio_metrics
 from suite.verl import LOSS_PARAMS_ENV
 
 
@@ -114,6 +121,8 @@ def _suite_loss(mode: str, old_log_prob, log_prob, advantages, response_mask, lo
         agg=loss_agg_mode,
         **_env_params(mode),
     )
+    stats.update(mismatch_ratio_metrics(old_log_prob, behav, response_mask))
+    stats.update(policy_ratio_metrics(log_prob, old_log_prob, response_mask))
     return loss * _global_scale(response_mask, loss_agg_mode, config), stats
 
 

@@ -14,6 +14,7 @@ pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl
 pytestmark = pytest.mark.verl
 
 from suite.core.losses import policy_loss  # noqa: E402
+from suite.core.metrics import mismatch_ratio_metrics, policy_ratio_metrics  # noqa: E402
 from suite.verl.translate import NEVER_TRUNCATE, loss_env  # noqa: E402
 
 MODES = {"acr": "acr", "tbpo": "tbpo"}  # verl registry name -> suite.core.losses mode
@@ -94,9 +95,19 @@ def test_registry_equals_core_losses(verl_api, loss_env_vars, verl_name, agg, se
     (ref_grad,) = torch.autograd.grad(ref, logp2)
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(grad, ref_grad)
-    assert stats.keys() == ref_stats.keys()
-    for k in ref_stats:
-        assert stats[k] == pytest.approx(ref_stats[k], rel=1e-9, abs=1e-12), k
+    # the loss's stats, plus the r and R token quantiles over the same valid tokens
+    ratio_stats = {**mismatch_ratio_metrics(prox, behav, mask), **policy_ratio_metrics(logp, prox, mask)}
+    assert stats.keys() == ref_stats.keys() | ratio_stats.keys()
+    for k, v in {**ref_stats, **ratio_stats}.items():
+        assert stats[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+    valid = mask.bool()
+    r_valid = torch.exp(prox - behav)[valid]  # independent reference: torch.quantile on the valid tokens
+    for name, q in (("p1", 0.01), ("p50", 0.5), ("p99", 0.99)):
+        assert stats[f"rollout_corr/ratio_{name}"] == pytest.approx(float(torch.quantile(r_valid, q)), rel=1e-9), name
+        R_valid = torch.exp(logp.detach() - prox)[valid]
+        assert stats[f"actor/ratio_{name}"] == pytest.approx(float(torch.quantile(R_valid, q)), rel=1e-9), name
+    assert stats["rollout_corr/ratio_frac_above_2"] == pytest.approx(float((r_valid > 2).double().mean()), rel=1e-12)
+    assert stats["rollout_corr/ratio_frac_below_0.5"] == pytest.approx(float((r_valid < 0.5).double().mean()), rel=1e-12)
     # the batch exercises the modes: clipping and (for acr) both sides of r = 1 occur
     assert ref_stats["actor/pg_clipfrac"] > 0
     if verl_name == "acr":

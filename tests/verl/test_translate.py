@@ -221,6 +221,8 @@ def test_verl_rejects_what_it_cannot_run(verl_paths):
     with pytest.raises(ConfigError, match="backend.extra_overrides.*lora_rank=8.*allowed.*: 0"):
         compose_config(verl_paths + ["quant=int8", "correction.aligned_forward=true",
                                      "backend.extra_overrides=['actor_rollout_ref.model.lora_rank=8']"])
+    with pytest.raises(ConfigError, match="task.eval_samples.*embedded only.*allowed: 0"):
+        compose_config(verl_paths + ["quant=int8", "task.eval_samples=32"])
     with pytest.raises(ConfigError, match="backend.model_path"):
         compose_config(["backend=verl"])
     with pytest.raises(ConfigError, match="backend.tensor_parallel_size"):
