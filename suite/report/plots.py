@@ -17,7 +17,7 @@ import pandas as pd
 from suite.report.data import ACC, FINISHED
 from suite.report.tables import FULL, GROUP, with_lr_factor
 
-# QuRL's drift of KL(quantized || full precision): 0.002 early, 0.025 after ~1000 steps (SPEC.md).
+# QuRL's drift of KL(quantized || full precision): 0.002 early, 0.025 after ~1000 steps (arXiv 2602.13953, ACR section).
 PAPER_KL = (0.002, 0.025)
 DPI = 130
 

@@ -1,6 +1,7 @@
 """`suite report` on a real sweep (tests/report/conftest.py): the tables' numbers against the
-runs' own records (metrics.jsonl, summary.json), the CIs against scipy and a direct bootstrap, missing/failed/running cells listed and not averaged, figures, HTML and the
-executed notebook, artifacts on the sweep's parent run."""
+runs' own records (metrics.jsonl, summary.json), the CIs against scipy and a direct bootstrap,
+one row per configuration, missing/failed/running cells listed and not averaged, figures, HTML
+and the executed notebook, artifacts on the sweep's parent run."""
 
 from __future__ import annotations
 
@@ -236,6 +237,8 @@ def test_cli_report_on_the_sweep(sweep_store, tmp_path):
     assert sorted(status["status"]) == ["FAILED", "MISSING", "MISSING", "RUNNING"]
     missing_cells = sorted(i for i, o in sweep_store.outcome.items() if o == "MISSING")
     assert sorted(status.loc[status["status"] == "MISSING", "cell"].astype(int)) == missing_cells
+    caption = (out / "tables" / "main.md").read_text()
+    assert "Student-t" in caption and "n < 20" in caption and "percentile bootstrap" in caption
     main = pd.read_csv(out / "tables" / "main.csv")
     fp8 = main[(main["precision"] == "fp8") & (main["method"] == "ACR")].iloc[0]
     assert fp8["n"] == 0 and fp8["not_averaged"] == "1 FAILED, 1 MISSING"
