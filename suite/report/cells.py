@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from suite.report.data import FINISHED, coerce_runs
-from suite.report.identity import supersede
+from suite.report.identity import CORRECTION_LABELS, supersede
 from suite.report.stats import CI_SEED, N_RESAMPLES, mean_ci
 
 GROUP = ("task", "model", "algo")  # a measured "setting": the papers compare methods within one
@@ -28,8 +28,8 @@ ROW_AXES = ("task", "model", "algo", "backend", "precision", "fp8_granularity", 
             "bf16_kernels")
 STAT_COLUMNS = ("n", "mean", "ci_low", "ci_high", "ci_method", "seeds", "values", "not_averaged")
 PRECISION_ORDER = ("fp32", "bf16", "int8", "fp8", "w4a16")
-METHOD_ORDER = ("naive", "bypass", "TIS", "ACR", "TBPO", "aligned+naive", "aligned+bypass", "aligned+TIS",
-                "aligned+ACR", "aligned+TBPO")
+# registry order (suite.core.losses.CORRECTIONS), then the same with QaRL's aligned forward
+METHOD_ORDER = tuple(CORRECTION_LABELS.values()) + tuple(f"aligned+{m}" for m in CORRECTION_LABELS.values())
 
 
 def _base_lr(runs: pd.DataFrame) -> pd.Series:

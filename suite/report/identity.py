@@ -18,13 +18,13 @@ import math
 import pandas as pd
 
 from suite import config as _config
+from suite.core.losses import CORRECTIONS as _CORRECTION_REGISTRY
 
-# Display label of each correction mode (docs/math.md). `naive` is the papers' uncorrected stock
-# baseline (PPO ratio against the recomputed full-precision pi_prox), `bypass` is verl's
-# behaviour-anchored PPO (rollout-correction "bypass" mode).
-CORRECTION_LABELS = {"naive": "naive", "bypass": "bypass", "tis": "TIS", "acr": "ACR", "tbpo": "TBPO"}
-# Correction modes the report knows: the config's own list first, then any label-only ones.
-CORRECTIONS = tuple(dict.fromkeys([*getattr(_config, "CORRECTIONS", ()), *CORRECTION_LABELS]))
+# Display label of each correction mode, in registry order (suite.core.losses.CORRECTIONS;
+# docs/math.md). `naive` is the papers' uncorrected stock baseline (PPO ratio against the
+# recomputed full-precision pi_prox), `bypass` is verl's behaviour-anchored PPO.
+CORRECTION_LABELS = {name: c.label for name, c in _CORRECTION_REGISTRY.items()}
+CORRECTIONS = tuple(CORRECTION_LABELS)
 PRECISIONS = tuple(_config.PRECISIONS)
 FP8_GRANULARITIES = tuple(_config.FP8_GRANULARITIES)
 ALGOS = tuple(_config.ALGOS)
