@@ -22,11 +22,12 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from suite.embedded.tasks import FLAW_OPS
+from suite.core.losses import CORRECTIONS as _LOSS_REGISTRY
 from suite.core.losses import TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP
 
 PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
 FP8_GRANULARITIES = ("per_tensor", "per_channel", "block")
-CORRECTIONS = ("naive", "tis", "acr", "tbpo")
+CORRECTIONS = tuple(_LOSS_REGISTRY)  # suite.core.losses: naive | bypass | tis | acr | tbpo
 ALGOS = ("ppo", "grpo", "dapo")
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -80,6 +81,9 @@ class TaskConfig:
     name: str = "arith"  # arith (multi-step arithmetic) | word (GSM8K-style templated problems)
     difficulty: int = 2  # 1 (easiest) .. 4; number of reasoning steps and operand range
     n_eval: int = 256  # held-out prompts scored every `eval_every` steps
+    # avg@k (QuRL reports AIME avg@32): k samples per held-out prompt at rollout.temperature / top_p,
+    # logged as val-core/<task>/acc/mean@k next to the greedy mean@1; 0 = off, else >= 2 (embedded only)
+    eval_samples: int = 0
 
 
 @dataclass
@@ -99,11 +103,17 @@ class QuantConfig:
 @dataclass
 class UAQConfig:
     s: float = 1.5  # UAQ invariant scale (QuRL §4.2); 1.0 disables it. Paper default 1.5, 2.0 unstable
+    # The control that separates UAQ from a learning-rate change: no rescaling, but the per-group
+    # AdamW learning rates UAQ with this scale implies (fed q/k/v/gate/up weights x s, norm gains
+    # / s; suite.core.uaq.uaq_param_groups). 1.0 = off; only with uaq.s=1.0 (embedded backend).
+    group_lr_s: float = 1.0
 
 
 @dataclass
 class CorrectionConfig:
-    mode: str = "acr"  # naive | tis (FlashRL) | acr (QuRL) | tbpo (QaRL, sequence level)
+    # naive (the papers' uncorrected baseline) | bypass (verl's bypass mode) | tis (FlashRL) | acr (QuRL)
+    # | tbpo (QaRL, sequence level); docs/math.md says which paper / implementation each reproduces
+    mode: str = "acr"
     tis_cap: float = 2.0  # C: truncation of the IS weight pi_prox / pi_behav (FlashRL used 2 and 8)
     # TBPO bands act on a geometric-mean sequence ratio, which sits near 1: GSPO-sized defaults
     # (suite.core.losses explains the choice; QaRL does not state its values).
@@ -280,8 +290,15 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "quant.bf16_kernels", KERNEL_CHOICES)
     s = cfg.uaq.s
     _check(s > 0 and s == s and s != float("inf"), "uaq.s", f"must be a finite number > 0, got {s}")
+    gs = cfg.uaq.group_lr_s
+    _check(gs > 0 and gs == gs and gs != float("inf"), "uaq.group_lr_s", f"must be a finite number > 0, got {gs}")
+    _check(gs == 1.0 or s == 1.0, "uaq.group_lr_s",
+           f"is the per-group-learning-rate control for UAQ (uaq.s=1.0 with the rates uaq.s={gs:g} implies); "
+           f"with uaq.s={s:g} set one of them to 1.0")
     _check(1 <= cfg.task.difficulty <= 4, "task.difficulty", f"must be in 1..4, got {cfg.task.difficulty}")
     _check(cfg.task.n_eval >= 1, "task.n_eval", "must be >= 1")
+    _check(cfg.task.eval_samples == 0 or cfg.task.eval_samples >= 2, "task.eval_samples",
+           f"must be 0 (off) or >= 2 (mean@1 is the rollout.eval_temperature accuracy), got {cfg.task.eval_samples}")
     _check(0 < cfg.algo.clip_low < 1, "algo.clip_low", f"must be in (0, 1), got {cfg.algo.clip_low}")
     _check(cfg.algo.clip_high > 0, "algo.clip_high", f"must be > 0, got {cfg.algo.clip_high}")
     if cfg.algo.dual_clip is not None:
@@ -355,6 +372,15 @@ def _validate_verl(cfg: DictConfig) -> None:
         "backend.name=verl needs the verl option of the backend group: use `backend=verl`, not `backend.name=verl`",
     )
     _choice(cfg, "quant.precision", VERL_PRECISIONS)
+    _check(cfg.uaq.group_lr_s == 1.0, "uaq.group_lr_s",
+           "the per-group learning-rate control runs on the embedded backend only (verl's actor has one LR); allowed "
+           "with backend=verl: 1.0")
+    _check(
+        cfg.task.eval_samples == 0,
+        "task.eval_samples",
+        "is embedded only: verl validates with one sampling setting (its mean@n replaces the greedy mean@1); "
+        "set actor_rollout_ref.rollout.val_kwargs.n / do_sample / temperature in backend.extra_overrides instead. allowed: 0",
+    )
     if cfg.correction.aligned_forward:
         strategies = _override_values(b, "actor_rollout_ref.actor.strategy")
         _check(
@@ -464,7 +490,9 @@ def identity_tags(cfg: DictConfig) -> dict[str, str]:
         "trainer_dtype": cfg.train.autocast if embedded else "bf16",  # verl: FSDP bf16 mixed precision
         "kernels": cfg.quant.kernels if embedded else "vllm",
         "bf16_kernels": cfg.quant.bf16_kernels if embedded else "vllm",
-        "fp8_granularity": cfg.quant.fp8_granularity if cfg.quant.precision == "fp8" else "",
+        # verl's native FP8 rollout quantizes 128x128 blocks whatever quant.fp8_granularity says (docs/verl.md)
+        "fp8_granularity": ("block" if not embedded else cfg.quant.fp8_granularity) if cfg.quant.precision == "fp8" else "",
+        "uaq_group_lr_s": f"{cfg.uaq.group_lr_s:g}",
         "group_key": group_key(cfg),
     }
 

@@ -65,6 +65,11 @@ def test_type_error_names_the_key():
         (["uaq.s=0"], "uaq.s"),
         (["uaq.s=-1.5"], "uaq.s"),
         (["uaq.s=inf"], "uaq.s"),
+        (["uaq.group_lr_s=0"], "uaq.group_lr_s"),
+        (["uaq.group_lr_s=nan"], "uaq.group_lr_s"),
+        (["uaq.s=1.5", "uaq.group_lr_s=1.5"], "uaq.group_lr_s"),
+        (["quant.kernels=fast"], "quant.kernels"),
+        (["quant.bf16_kernels=fast"], "quant.bf16_kernels"),
         (["quant.fp8_granularity=row"], "quant.fp8_granularity"),
         (["algo.group_size=1"], "algo.group_size"),
         (["train.minibatches=3"], "train.minibatches"),
@@ -75,6 +80,8 @@ def test_type_error_names_the_key():
         (["rollout.temperature=0"], "rollout.temperature"),
         (["task.difficulty=9"], "task.difficulty"),
         (["algo.clip_low=1.0"], "algo.clip_low"),
+        (["task.eval_samples=-1"], "task.eval_samples"),
+        (["task.eval_samples=1"], "task.eval_samples"),
     ],
 )
 def test_bad_values_name_the_key(overrides, key):

@@ -1,4 +1,4 @@
-"""Policy and value losses: PPO / naive / TIS / ACR / TBPO objectives, loss aggregation.
+"""Policy and value losses: the correction registry (naive / bypass / TIS / ACR / TBPO), aggregation.
 
 Three policies per token (decoupled PPO, Hilton et al. 2021, arXiv 2110.00641):
 ``behav`` (the quantized old actor that sampled the token), ``prox`` (the full-precision old
@@ -6,6 +6,12 @@ actor, the clip anchor) and ``logp`` (the policy being optimised). Per token
 ``R = pi_theta / pi_prox`` and ``r = pi_prox / pi_behav``. Every objective is maximised;
 the functions return its negation as the loss. Tensors are [B, T] (B sequences, T response
 tokens); ``mask`` is bool or 0/1 float of the same shape.
+
+Every correction mode is one entry of :data:`CORRECTIONS`, registered with
+:func:`register_correction` (verl's ``@register_policy_loss`` pattern, ``core_algos.py``): its
+display label, which log-probs it needs, the paper / implementation it reproduces and how verl
+runs it. Config choices, the verl plugin's registrations and translation, and report labels and
+orders are derived from it (docs/architecture.md, "Add a correction").
 
 Conventions follow verl 0.9.1 ``verl.trainer.ppo.core_algos.compute_policy_loss_vanilla`` and
 ``agg_loss`` so the embedded and verl backends report the same numbers:
@@ -19,9 +25,11 @@ Where a mask sums to zero the loss is 0 (verl divides by zero there).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
-POLICY_LOSS_MODES = ("ppo", "naive", "tis", "acr", "tbpo")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LOG_RATIO_BOUND = 20.0  # verl: clamp(negative_approx_kl, -20, 20); rollout_corr SAFETY_BOUND = 20
 
@@ -95,6 +103,41 @@ def _check_shapes(mode: str, **tensors: torch.Tensor | None) -> torch.Size:
     return shape
 
 
+@dataclass(frozen=True)
+class Correction:
+    """One correction mode: what it is, what it needs, where it comes from, how verl runs it."""
+
+    name: str  # config choice (correction=<name>) and MLflow tag value
+    label: str  # report label
+    needs_prox: bool  # uses log pi_prox (the full-precision recompute)
+    needs_behav: bool  # uses log pi_behav (the rollout engine's log-probs)
+    params: tuple[str, ...]  # correction.* config fields it reads (besides clip ranges and dual clip)
+    level: str  # "token" or "sequence"
+    reproduces: str  # the paper / implementation it reproduces (docs/math.md)
+    # verl: "vanilla" = stock loss, no rollout correction; "bypass" = verl's rollout-correction
+    # bypass mode (old log-prob := rollout log-prob, PPO clip); "tis" = verl's token-level rollout IS;
+    # "plugin" = a loss of ours registered by suite.verl.plugin under `name`
+    verl: str
+
+
+CORRECTIONS: dict[str, Correction] = {}  # name -> Correction, in registration (= report) order
+_LOSS_FNS: dict[str, Callable] = {}
+
+
+def register_correction(name: str, *, label: str, needs_prox: bool, needs_behav: bool, params: tuple[str, ...] = (),
+                        level: str = "token", reproduces: str, verl: str):
+    """Decorator: register ``fn(logp, prox, behav, adv, mask, **kw) -> (loss, stats)`` as ``name``."""
+
+    def deco(fn: Callable) -> Callable:
+        if name in CORRECTIONS:
+            raise ValueError(f"correction {name!r} registered twice")
+        CORRECTIONS[name] = Correction(name, label, needs_prox, needs_behav, tuple(params), level, reproduces, verl)
+        _LOSS_FNS[name] = fn
+        return fn
+
+    return deco
+
+
 def policy_loss(
     logp: torch.Tensor,
     prox_logp: torch.Tensor | None,
@@ -116,17 +159,20 @@ def policy_loss(
     """Decoupled-PPO policy loss under a quantized rollout actor; returns ``(loss, stats)``.
 
     All tensors [B, T]; ``logp`` carries the gradient, ``prox_logp`` / ``behav_logp`` are
-    treated as constants. Per token, with ``clip(x, lo, hi) = min(max(x, lo), hi)`` (the upper
+    treated as constants (a mode that does not need one accepts None). ``mode`` is a name in
+    :data:`CORRECTIONS`. Per token, with ``clip(x, lo, hi) = min(max(x, lo), hi)`` (the upper
     bound wins when hi < lo) and ``lo = 1 - clip_low``:
 
-    - "ppo"   (on-policy; Schulman et al. 2017): ``min(R A, clip(R, lo, 1+clip_high) A)``,
-      ``R = pi_theta / pi_prox``; ``behav_logp`` is unused (may be None).
-    - "naive" (quantized log-probs used as if on-policy): the same with
-      ``R' = pi_theta / pi_behav``; ``prox_logp`` is unused (may be None).
-    - "tis"   (FlashRL truncated IS, Yao et al. 2025): ``min(r, C) * ppo``, ``C = tis_cap``;
+    - "naive"  (the papers' uncorrected baseline: stock verl, FlashRL's "without TIS", the run
+      that collapses in QuRL): ``min(R A, clip(R, lo, 1+clip_high) A)``, ``R = pi_theta / pi_prox``;
+      pi_behav sampled the tokens but is ignored, so the gradient carries the mismatch's bias.
+    - "bypass" (verl's rollout-correction bypass mode, ``bypass_mode=true, loss_type=ppo_clip``):
+      the same with ``R' = pi_theta / pi_behav``; importance-correct with respect to the sampler,
+      a different estimator from the papers' baseline; ``prox_logp`` is unused.
+    - "tis"    (FlashRL truncated IS, Yao et al. 2025): ``min(r, C) * naive``, ``C = tis_cap``;
       equals verl vanilla with ``rollout_is_weights = min(exp(prox - behav), C)``.
-    - "acr"   (QuRL Eq. ACR, arXiv 2602.13953): ``min(r, C) * min(R A, clip(R, lo, (1+clip_high)/r) A)``.
-    - "tbpo"  (QaRL TBPO, arXiv 2604.07853), sequence level: ``R_s = exp(mean_t log(pi_theta/pi_prox))``,
+    - "acr"    (QuRL Eq. ACR, arXiv 2602.13953): ``min(r, C) * min(R A, clip(R, lo, (1+clip_high)/r) A)``.
+    - "tbpo"   (QaRL TBPO, arXiv 2604.07853), sequence level: ``R_s = exp(mean_t log(pi_theta/pi_prox))``,
       ``w_s = min(exp(mean_t log(pi_prox/pi_behav)), tbpo_seq_cap)``; a token with A > 0 has
       objective ``w_s * A * min(R_s, 1 + tbpo_delta_pos)``; a token with A < 0 has
       ``w_s * A * R_s`` inside the trust band ``[1 - tbpo_delta_neg_low, 1 + tbpo_delta_neg_high]``
@@ -142,7 +188,7 @@ def policy_loss(
     Stats (detached Python floats; masked means over valid tokens unless noted):
       all modes: ``actor/pg_clipfrac`` (tokens whose objective is clipped / masked: verl's
       definition ``-A*clip(R) > -A*R`` for token-level modes), ``actor/ppo_kl`` (mean of
-      ``anchor - logp``, anchor = prox, or behav for naive; verl's name).
+      ``anchor - logp``, anchor = prox, or behav for bypass; verl's name).
       token-level modes: ``actor/pg_clipfrac_high_bound`` (clipped with A > 0: the upper bound
       binds), ``actor/pg_clipfrac_low_bound`` (clipped with A < 0: the lower bound binds),
       ``actor/pg_clipfrac_lower`` (verl's name: dual clip active; 0 when off).
@@ -157,53 +203,55 @@ def policy_loss(
       the band / sequences with a valid token), ``actor/tbpo_pos_clip_seq_frac`` (sequences
       with a positive-advantage token and R_s > 1 + delta_pos), ``actor/tbpo_seq_ratio_mean``.
     """
-    if mode not in POLICY_LOSS_MODES:
-        raise ValueError(f"unknown policy loss mode={mode!r}; allowed: {POLICY_LOSS_MODES}")
+    if mode not in CORRECTIONS:
+        raise ValueError(f"unknown policy loss mode={mode!r}; allowed: {tuple(CORRECTIONS)}")
     if agg not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation agg={agg!r}; allowed: {AGG_MODES}")
-    if mode == "tbpo":
-        return _tbpo_loss(
-            logp, prox_logp, behav_logp, advantages, mask, agg=agg, delta_pos=tbpo_delta_pos,
-            delta_neg_low=tbpo_delta_neg_low, delta_neg_high=tbpo_delta_neg_high, seq_cap=tbpo_seq_cap,
-        )
-    if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
-        raise ValueError(f"clip_low={clip_low} must be in [0, 1) and clip_high={clip_high} >= 0")
-    if tis_cap <= 0.0:
-        raise ValueError(f"tis_cap={tis_cap}; must be > 0")
-    if dual_clip is not None and not dual_clip > 1.0:
-        raise ValueError(f"dual_clip={dual_clip}; must be > 1 (verl clip_ratio_c) or None")
-
+    c = CORRECTIONS[mode]
     needs = {"logp": logp, "advantages": advantages, "mask": mask}
-    if mode != "naive":
+    if c.needs_prox:
         needs["prox_logp"] = prox_logp
-    if mode in ("naive", "tis", "acr"):
+    if c.needs_behav:
         needs["behav_logp"] = behav_logp
     _check_shapes(mode, **needs)
+    return _LOSS_FNS[mode](
+        logp, prox_logp, behav_logp, advantages, mask, agg=agg, clip_low=clip_low, clip_high=clip_high,
+        tis_cap=tis_cap, dual_clip=dual_clip, tbpo_delta_pos=tbpo_delta_pos, tbpo_delta_neg_low=tbpo_delta_neg_low,
+        tbpo_delta_neg_high=tbpo_delta_neg_high, tbpo_seq_cap=tbpo_seq_cap,
+    )
 
+
+def _is_weights(prox_logp: torch.Tensor, behav_logp: torch.Tensor, m: torch.Tensor, tis_cap: float):
+    """r = pi_prox / pi_behav [B, T] and FlashRL's truncated weight min(r, C), with verl's stats."""
+    if tis_cap <= 0.0:
+        raise ValueError(f"tis_cap={tis_cap}; must be > 0")
+    log_r = (prox_logp - behav_logp).detach().clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # [B, T]
+    r = torch.exp(log_r)  # [B, T]
+    is_w = r.clamp(max=tis_cap)  # [B, T]; FlashRL TIS weight min(r, C)
+    stats = {
+        "rollout_corr/rollout_is_mean": _f(masked_mean(is_w, m)),
+        "rollout_corr/rollout_is_max": _f(torch.where(m != 0, is_w, torch.zeros_like(is_w)).amax()) if m.any() else 0.0,
+        "rollout_corr/rollout_is_ratio_fraction_high": _f(masked_mean((r > tis_cap).to(m), m)),
+    }
+    return r, is_w, stats
+
+
+def _token_clip(logp, anchor, advantages, mask, *, agg, clip_low, clip_high, dual_clip, is_w=None, hi=None,
+                stats=None, **_):
+    """The token-level clipped objective against ``anchor``, optionally IS-weighted, with an
+    optional per-token upper bound ``hi`` (ACR); shared by naive, bypass, tis and acr."""
+    if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
+        raise ValueError(f"clip_low={clip_low} must be in [0, 1) and clip_high={clip_high} >= 0")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"dual_clip={dual_clip}; must be > 1 (verl clip_ratio_c) or None")
     m = _fmask(mask, logp)
-    anchor = behav_logp if mode == "naive" else prox_logp
-    assert anchor is not None
+    stats = dict(stats or {})
     log_ratio = (logp - anchor.detach()).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # [B, T]
     ratio = torch.exp(log_ratio)  # [B, T]
     lo = 1.0 - clip_low
-    hi: float | torch.Tensor = 1.0 + clip_high
-    stats: dict[str, float] = {}
-    is_w = None
-    if mode in ("tis", "acr"):
-        assert prox_logp is not None and behav_logp is not None
-        log_r = (prox_logp - behav_logp).detach().clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # [B, T]
-        r = torch.exp(log_r)  # [B, T]
-        is_w = r.clamp(max=tis_cap)  # [B, T]; FlashRL TIS weight min(r, C)
-        stats["rollout_corr/rollout_is_mean"] = _f(masked_mean(is_w, m))
-        stats["rollout_corr/rollout_is_max"] = _f(torch.where(m != 0, is_w, torch.zeros_like(is_w)).amax()) if m.any() else 0.0
-        stats["rollout_corr/rollout_is_ratio_fraction_high"] = _f(masked_mean((r > tis_cap).to(m), m))
-        if mode == "acr":
-            hi = (1.0 + clip_high) / r  # [B, T]; QuRL ACR: the upper bound adapts to r
-            stats["actor/acr_relaxed_frac"] = _f(masked_mean((r < 1).to(m), m))
-            stats["actor/acr_tightened_frac"] = _f(masked_mean((r > 1).to(m), m))
-            stats["actor/acr_inverted_frac"] = _f(masked_mean((hi < lo).to(m), m))
-
-    # clip(R, lo, hi) = min(max(R, lo), hi): the upper bound wins when hi < lo (SPEC, ACR).
+    if hi is None:
+        hi = 1.0 + clip_high
+    # clip(R, lo, hi) = min(max(R, lo), hi): the upper bound wins when hi < lo (QuRL ACR).
     clipped_ratio = ratio.clamp(min=lo).clamp(max=hi)  # [B, T]
     loss1 = -advantages * ratio  # [B, T]
     loss2 = -advantages * clipped_ratio  # [B, T]
@@ -225,6 +273,60 @@ def policy_loss(
     stats["actor/pg_clipfrac_lower"] = _f(masked_mean(dual, m))
     stats["actor/ppo_kl"] = _f(masked_mean(-log_ratio, m))
     return loss, stats
+
+
+@register_correction(
+    "naive", label="naive", needs_prox=True, needs_behav=False,
+    reproduces="the papers' uncorrected baseline: stock verl with a quantized rollout (FlashRL's 'without TIS'; "
+               "the naive INT8 run that collapses in QuRL): PPO clip against the recomputed pi_prox",
+    verl="vanilla")
+def _naive(logp, prox_logp, behav_logp, advantages, mask, **kw):
+    return _token_clip(logp, prox_logp, advantages, mask, **kw)
+
+
+@register_correction(
+    "bypass", label="bypass", needs_prox=False, needs_behav=True,
+    reproduces="verl's rollout-correction bypass mode (bypass_mode=true, loss_type=ppo_clip): PPO clip "
+               "anchored on pi_behav, no IS weight",
+    verl="bypass")
+def _bypass(logp, prox_logp, behav_logp, advantages, mask, **kw):
+    return _token_clip(logp, behav_logp, advantages, mask, **kw)
+
+
+@register_correction(
+    "tis", label="TIS", needs_prox=True, needs_behav=True, params=("tis_cap",),
+    reproduces="FlashRL truncated importance sampling (Yao et al. 2025): min(r, C) x the naive objective",
+    verl="tis")
+def _tis(logp, prox_logp, behav_logp, advantages, mask, *, tis_cap, **kw):
+    _, is_w, stats = _is_weights(prox_logp, behav_logp, _fmask(mask, logp), tis_cap)
+    return _token_clip(logp, prox_logp, advantages, mask, is_w=is_w, stats=stats, **kw)
+
+
+@register_correction(
+    "acr", label="ACR", needs_prox=True, needs_behav=True, params=("tis_cap",),
+    reproduces="QuRL adaptive clipping range (arXiv 2602.13953): upper clip (1 + eps_high) / r, TIS weight",
+    verl="plugin")
+def _acr(logp, prox_logp, behav_logp, advantages, mask, *, tis_cap, clip_high, **kw):
+    m = _fmask(mask, logp)
+    r, is_w, stats = _is_weights(prox_logp, behav_logp, m, tis_cap)
+    hi = (1.0 + clip_high) / r  # [B, T]; QuRL ACR: the upper bound adapts to r
+    lo = 1.0 - kw["clip_low"]
+    stats["actor/acr_relaxed_frac"] = _f(masked_mean((r < 1).to(m), m))
+    stats["actor/acr_tightened_frac"] = _f(masked_mean((r > 1).to(m), m))
+    stats["actor/acr_inverted_frac"] = _f(masked_mean((hi < lo).to(m), m))
+    return _token_clip(logp, prox_logp, advantages, mask, is_w=is_w, hi=hi, stats=stats, clip_high=clip_high, **kw)
+
+
+@register_correction(
+    "tbpo", label="TBPO", needs_prox=True, needs_behav=True, level="sequence",
+    params=("tbpo_delta_pos", "tbpo_delta_neg_low", "tbpo_delta_neg_high", "tbpo_seq_cap"),
+    reproduces="QaRL trust-band policy optimisation (arXiv 2604.07853): sequence ratio, dual-clipped band "
+               "for negative samples",
+    verl="plugin")
+def _tbpo(logp, prox_logp, behav_logp, advantages, mask, *, agg, tbpo_delta_pos, tbpo_delta_neg_low,
+          tbpo_delta_neg_high, tbpo_seq_cap, **_):
+    return _tbpo_loss(logp, prox_logp, behav_logp, advantages, mask, agg=agg, delta_pos=tbpo_delta_pos,
+                      delta_neg_low=tbpo_delta_neg_low, delta_neg_high=tbpo_delta_neg_high, seq_cap=tbpo_seq_cap)
 
 
 def _tbpo_loss(
@@ -325,11 +427,13 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 __all__ = [
     "AGG_MODES",
-    "POLICY_LOSS_MODES",
+    "CORRECTIONS",
+    "Correction",
     "agg_loss",
     "entropy_from_logits",
     "masked_mean",
     "masked_sum",
     "policy_loss",
+    "register_correction",
     "value_loss",
 ]

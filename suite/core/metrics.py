@@ -1,4 +1,5 @@
-"""Mismatch metrics between the rollout (behav) and trainer (prox) policies, and weight-update
+"""Mismatch metrics between the rollout (behav) and trainer (prox) policies, their token-level
+distribution, QaRL's error tokens (repetitive responses, arXiv 2604.07853), and weight-update
 visibility through the quantizer (the quantity UAQ exists to raise, QuRL arXiv 2602.13953).
 
 ``rollout_corr_metrics`` reproduces verl 0.9.1
@@ -10,7 +11,7 @@ trainer) and ``rollout_log_prob`` = our ``behav_logp`` (the quantized rollout ac
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -65,6 +66,151 @@ def rollout_corr_metrics(
         "chi2_seq": torch.exp(2.0 * log_rho_seq).mean() - 1.0,
     }
     return {f"rollout_corr/{k}": float(v.detach()) for k, v in out.items()}
+
+
+# ----------------------------------------------------------------------------- ratio distribution
+
+# Token quantiles logged for r = pi_prox / pi_behav and R = pi_theta / pi_prox (key suffix -> q).
+RATIO_QUANTILES = {"p1": 0.01, "p50": 0.5, "p99": 0.99}
+# r outside [1/2, 2]: a token whose probability the quantized rollout got wrong by 2x or more.
+RATIO_FRAC_LOW, RATIO_FRAC_HIGH = 0.5, 2.0
+
+
+def masked_quantiles(values: torch.Tensor, mask: torch.Tensor, q: Sequence[float]) -> torch.Tensor:
+    """Quantiles ``q`` of ``values`` over the tokens where ``mask`` is set, with the linear
+    interpolation of ``numpy.quantile`` / ``torch.quantile`` (their default), in float64.
+
+    ``values``, ``mask``: [B, T]; returns [len(q)]. Unlike ``torch.quantile`` it has no input size
+    limit (a sort). An empty mask is an error.
+    """
+    v = values.detach()[mask.bool()].to(torch.float64).sort().values  # [N] valid tokens, ascending
+    if v.numel() == 0:
+        raise ValueError("masked_quantiles: mask has no valid token")
+    qs = torch.tensor(list(q), dtype=torch.float64, device=v.device)  # [Q]
+    if bool(((qs < 0) | (qs > 1)).any()):
+        raise ValueError(f"quantiles must be in [0, 1], got {list(q)}")
+    pos = qs * (v.numel() - 1)  # [Q] fractional rank
+    lo = pos.floor().long()  # [Q]
+    hi = pos.ceil().long()  # [Q]
+    return torch.lerp(v[lo], v[hi], pos - lo.to(torch.float64))  # [Q]
+
+
+def ratio_quantile_metrics(log_ratio: torch.Tensor, mask: torch.Tensor, prefix: str) -> dict[str, float]:
+    """``{prefix}ratio_p1``, ``_p50``, ``_p99``: token quantiles of ``exp(clamp(log_ratio, +-20))``
+    over the valid tokens of [B, T] ``log_ratio`` (the clamp is verl's SAFETY_BOUND)."""
+    ratio = torch.exp(log_ratio.detach().to(torch.float64).clamp(-SAFETY_BOUND, SAFETY_BOUND))  # [B, T]
+    vals = masked_quantiles(ratio, mask, list(RATIO_QUANTILES.values()))  # [Q]
+    return {f"{prefix}ratio_{name}": float(v) for name, v in zip(RATIO_QUANTILES, vals)}
+
+
+def mismatch_ratio_metrics(prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Token-level distribution of the rollout mismatch ``r = pi_prox / pi_behav`` ([B, T] inputs).
+
+    ``rollout_corr/ratio_p1``, ``_p50``, ``_p99``    token quantiles of r (:func:`ratio_quantile_metrics`)
+    ``rollout_corr/ratio_frac_below_0.5``            fraction of valid tokens with r < 0.5
+    ``rollout_corr/ratio_frac_above_2``              fraction of valid tokens with r > 2
+    verl 0.9.1 has no quantile of r; its ``rollout_is_ratio_fraction_high/_low`` count the same
+    tails only for its configured IS threshold, hence fixed thresholds here. The fractions
+    compare log r with log 0.5 and log 2 (verl's log-space checks).
+    """
+    log_r = (prox_logp - behav_logp).detach()  # [B, T]
+    out = ratio_quantile_metrics(log_r, mask, "rollout_corr/")
+    m = mask.to(log_r.dtype)
+    out[f"rollout_corr/ratio_frac_below_{RATIO_FRAC_LOW:g}"] = float(masked_mean((log_r < math.log(RATIO_FRAC_LOW)).to(m), m))
+    out[f"rollout_corr/ratio_frac_above_{RATIO_FRAC_HIGH:g}"] = float(masked_mean((log_r > math.log(RATIO_FRAC_HIGH)).to(m), m))
+    return out
+
+
+def policy_ratio_metrics(logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """``actor/ratio_p1``, ``_p50``, ``_p99``: token quantiles of the PPO ratio ``R = pi_theta / pi_prox``
+    over the valid tokens of one (mini/micro-)batch ([B, T] inputs); R is the SPEC's ratio whatever
+    the clip anchor of the loss mode."""
+    return ratio_quantile_metrics(logp.detach() - prox_logp.detach(), mask, "actor/")
+
+
+# ----------------------------------------------------------------------------- error tokens
+
+REP_NGRAM = 4  # n of the n-gram repetition rate
+ERROR_REP_THRESHOLD = 0.5  # a truncated response with at least this repetition rate is an error response
+
+
+def ngram_repetition_rate(tokens: torch.Tensor, mask: torch.Tensor, n: int = REP_NGRAM) -> torch.Tensor:
+    """Per response, the fraction of its n-grams that repeat an n-gram seen earlier in it.
+
+    ``tokens``, ``mask``: [B, R] response token ids and valid-token mask. The n-grams of a row are
+    its windows of n consecutive valid tokens; with W of them and D distinct,
+    ``rate = (W - D) / W`` (0 when W = 0). E.g. ``[5, 6, 7, 8] * 3``: W = 9, D = 4, rate 5/9;
+    a run of one token repeated L >= n times: (L - n) / (L - n + 1). Returns [B] float64.
+
+    Exact and vectorised: each row's windows are sorted lexicographically (n + 1 stable sorts),
+    so equal n-grams are adjacent and the repeats are the windows equal to their predecessor.
+    """
+    if n < 1:
+        raise ValueError(f"n={n}; must be >= 1")
+    B, R = tokens.shape
+    if R < n:
+        return torch.zeros(B, dtype=torch.float64, device=tokens.device)
+    win = tokens.long().unfold(1, n, 1)  # [B, W, n]
+    valid = mask.bool().unfold(1, n, 1).all(-1)  # [B, W]
+    W = win.shape[1]
+    order = torch.arange(W, device=tokens.device).expand(B, W)  # [B, W]
+    # Radix sort, least significant key first: token n-1, ..., token 0, then validity (invalid last).
+    keys = [win[..., j] for j in reversed(range(n))] + [(~valid).long()]
+    for key in keys:
+        k = key.gather(1, order)  # [B, W] key in the current order
+        order = order.gather(1, torch.sort(k, dim=1, stable=True).indices)  # [B, W]
+    s = win.gather(1, order[..., None].expand(B, W, n))  # [B, W, n] sorted n-grams
+    sv = valid.gather(1, order)  # [B, W]
+    repeat = (s[:, 1:] == s[:, :-1]).all(-1) & sv[:, 1:] & sv[:, :-1]  # [B, W - 1]
+    n_win = valid.sum(-1).to(torch.float64)  # [B]
+    return repeat.sum(-1).to(torch.float64) / n_win.clamp(min=1.0)  # [B]
+
+
+def longest_token_run(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per response, the length of its longest run of one token id repeated at consecutive valid
+    positions (``[3, 3, 3, 4]`` -> 3); 0 for an empty response.
+
+    ``tokens``, ``mask``: [B, R]; returns [B] long. Vectorised: the run length at t is t minus the
+    last position <= t that starts a run, plus 1 (a cumulative max).
+    """
+    B, R = tokens.shape
+    valid = mask.bool()  # [B, R]
+    pos = torch.arange(R, device=tokens.device).expand(B, R)  # [B, R]
+    same = torch.zeros_like(valid)  # [B, R]: continues the run of the previous position
+    same[:, 1:] = (tokens[:, 1:] == tokens[:, :-1]) & valid[:, 1:] & valid[:, :-1]
+    start = torch.where(same, torch.zeros_like(pos), pos).cummax(dim=1).values  # [B, R] current run start
+    run = (pos - start + 1) * valid  # [B, R]
+    return run.amax(dim=1) if R else torch.zeros(B, dtype=torch.long, device=tokens.device)  # [B]
+
+
+def error_token_metrics(
+    tokens: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor, *,
+    n: int = REP_NGRAM, threshold: float = ERROR_REP_THRESHOLD,
+) -> dict[str, float]:
+    """QaRL's error tokens (arXiv 2604.07853: long quantized-rollout responses turn repetitive and
+    garbled, and the repetition a mid-response error induces runs on, Fig. 6), per step.
+
+    ``tokens``, ``mask``: [B, R] response ids and valid mask (incl. the stop token); ``truncated``:
+    [B] bool, the response hit max_new_tokens without the stop token. Means run over the B responses:
+      ``response/rep4_rate/mean``, ``/max``     :func:`ngram_repetition_rate` (n = 4)
+      ``response/longest_run/mean``, ``/max``   :func:`longest_token_run`, tokens
+      ``response/error_ratio``                  fraction of error responses: truncated and
+                                                repetition rate >= ``threshold`` (0.5: at least half
+                                                its n-grams are repeats). A repetition loop never
+                                                emits the stop token, and requiring truncation keeps
+                                                short answers with a repeated sub-string out.
+    Garbled tokens that do not repeat are not detectable from ids alone and are not counted.
+    """
+    rate = ngram_repetition_rate(tokens, mask, n)  # [B]
+    run = longest_token_run(tokens, mask).to(torch.float64)  # [B]
+    error = truncated.bool().to(rate.device) & (rate >= threshold)  # [B]
+    return {
+        f"response/rep{n}_rate/mean": float(rate.mean()),
+        f"response/rep{n}_rate/max": float(rate.max()),
+        "response/longest_run/mean": float(run.mean()),
+        "response/longest_run/max": float(run.max()),
+        "response/error_ratio": float(error.to(torch.float64).mean()),
+    }
 
 
 # ----------------------------------------------------------------------------- visibility
@@ -160,4 +306,8 @@ def model_update_visibility(
     return _visibility_from_sums(total)
 
 
-__all__ = ["model_update_visibility", "rollout_corr_metrics", "update_visibility"]
+__all__ = [
+    "error_token_metrics", "longest_token_run", "masked_quantiles", "mismatch_ratio_metrics",
+    "model_update_visibility", "ngram_repetition_rate", "policy_ratio_metrics", "ratio_quantile_metrics",
+    "rollout_corr_metrics", "update_visibility",
+]

@@ -155,4 +155,32 @@ def undo_uaq(model: nn.Module, s: float, mapping: MappingSpec) -> list[tuple[str
     return pairs
 
 
-__all__ = ["MAPPINGS", "apply_uaq", "resolve_mapping", "uaq_pairs", "undo_uaq"]
+def uaq_param_groups(model: nn.Module, lr: float, s: float, mapping: MappingSpec, weight_decay: float = 0.0) -> list[dict]:
+    """AdamW parameter groups that make plain training behave as UAQ with scale ``s`` under Adam:
+    the fed linear weights at ``lr * s``, the norm gains (and biases) at ``lr / s``, the rest at
+    ``lr``; decoupled weight decay ``weight_decay / s`` and ``weight_decay * s`` on the first two.
+
+    Why: Adam's step is invariant to a constant gradient scale. After UAQ, W' = W/s gets the
+    gradient s * dL/dW and moves by lr * (Adam-normalised direction), i.e. W = s W' moves by
+    s * lr; gamma' = s gamma gets dL/dgamma / s and moves by lr, i.e. gamma moves by lr / s. So
+    with symmetric absmax quantizers (for which ``Q(W/s) = Q(W)/s``: UAQ leaves the rollout's
+    codes unchanged) UAQ under Adam *is* this per-group learning rate, up to Adam's eps.
+    Decoupled decay shrinks W' = W/s by ``lr * wd`` per step, i.e. W by the same factor, so the
+    control's groups at ``lr * s`` / ``lr / s`` take ``wd / s`` / ``wd * s``.
+    tests/core/test_core_uaq.py checks the equivalence step by step.
+    """
+    s = _check_s(s)
+    pairs = uaq_pairs(model, mapping)
+    modules = dict(model.named_modules())
+    up, down = [], []
+    for norm_name, linears in pairs:
+        down += [p for p in modules[norm_name].parameters(recurse=False)]  # gain (and a LayerNorm bias)
+        up += [modules[name].weight for name in linears]
+    chosen = {id(p) for p in up + down}
+    rest = [p for p in model.parameters() if id(p) not in chosen]
+    return [{"params": up, "lr": lr * s, "weight_decay": weight_decay / s, "uaq_group": "fed_linears"},
+            {"params": down, "lr": lr / s, "weight_decay": weight_decay * s, "uaq_group": "norm_gains"},
+            {"params": rest, "lr": lr, "weight_decay": weight_decay, "uaq_group": "rest"}]
+
+
+__all__ = ["MAPPINGS", "apply_uaq", "resolve_mapping", "uaq_pairs", "uaq_param_groups", "undo_uaq"]

@@ -30,10 +30,16 @@ from tqdm import tqdm
 from suite import hardware
 from suite.config import axes, identity_tags, run_id
 from suite.core import advantages as adv_fns
-from suite.core.losses import masked_mean, policy_loss, value_loss
-from suite.core.metrics import model_update_visibility, rollout_corr_metrics
+from suite.core.losses import CORRECTIONS, masked_mean, policy_loss, value_loss
+from suite.core.metrics import (
+    error_token_metrics,
+    mismatch_ratio_metrics,
+    model_update_visibility,
+    policy_ratio_metrics,
+    rollout_corr_metrics,
+)
 from suite.core.quant import QuantScheme, fake_quant
-from suite.core.uaq import apply_uaq
+from suite.core.uaq import apply_uaq, uaq_param_groups
 from suite.embedded.batch import pad_right, repad
 from suite.embedded.engine import RolloutEngine
 from suite.embedded.model import PRESETS, ModelConfig, Transformer, response_logprobs
@@ -176,8 +182,11 @@ class EmbeddedRun:
             apply_uaq(self.actor, cfg.uaq.s, "embedded")
         self.qnames = quantized_weight_names(self.actor)
         betas = tuple(cfg.train.betas)
-        self.opt = torch.optim.AdamW(self.actor.parameters(), lr=cfg.train.lr, betas=betas,
-                                     weight_decay=cfg.train.weight_decay)
+        params = self.actor.parameters()
+        if cfg.uaq.group_lr_s != 1.0:  # the UAQ control: UAQ's per-group Adam rates without the rescaling
+            params = uaq_param_groups(self.actor, cfg.train.lr, cfg.uaq.group_lr_s, "embedded",
+                                      weight_decay=cfg.train.weight_decay)
+        self.opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=betas, weight_decay=cfg.train.weight_decay)
         self.ref = None
         if cfg.algo.kl_coef > 0:
             self.ref = Transformer(self.model_cfg)
@@ -323,6 +332,7 @@ class EmbeddedRun:
         N = b.tokens.shape[0]
         mb = max(1, N // cfg.train.minibatches)
         mode = cfg.correction.mode
+        loss_params = {k: cfg.correction[k] for k in CORRECTIONS[mode].params}  # e.g. tis_cap for tis / acr
         acc: dict[str, list[float]] = {}
         for _ in range(cfg.train.epochs):
             perm = torch.randperm(N, generator=self.shuffle_gen)
@@ -333,10 +343,8 @@ class EmbeddedRun:
                 logp, ent = self._logprobs(self.actor, sub, with_entropy=True, aligned=cfg.correction.aligned_forward)
                 loss, stats = policy_loss(
                     logp, prox_logp[idx], b.behav_logp[idx], advantages[idx], mask, mode=mode,
-                    clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high, tis_cap=cfg.correction.tis_cap,
-                    dual_clip=cfg.algo.dual_clip, agg=cfg.algo.agg,
-                    tbpo_delta_pos=cfg.correction.tbpo_delta_pos, tbpo_delta_neg_low=cfg.correction.tbpo_delta_neg_low,
-                    tbpo_delta_neg_high=cfg.correction.tbpo_delta_neg_high, tbpo_seq_cap=cfg.correction.tbpo_seq_cap,
+                    clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high, dual_clip=cfg.algo.dual_clip,
+                    agg=cfg.algo.agg, **loss_params,
                 )
                 total = loss
                 if self.ref is not None:
@@ -351,6 +359,8 @@ class EmbeddedRun:
                 acc.setdefault("actor/pg_loss", []).append(loss.item())
                 acc.setdefault("actor/grad_norm", []).append(gn.item())
                 acc.setdefault("actor/entropy", []).append(masked_mean(ent, mask).item())
+                for k, v in policy_ratio_metrics(logp, prox_logp[idx], mask).items():  # R quantiles, per mini-batch
+                    acc.setdefault(k, []).append(v)
                 for k, v in stats.items():
                     acc.setdefault(k, []).append(float(v))
                 if self.critic is not None:
@@ -369,24 +379,41 @@ class EmbeddedRun:
             metrics[k] = sum(vals) / len(vals)
         metrics["actor/lr"] = cfg.train.lr
 
-    @torch.no_grad()
-    def evaluate(self) -> float:
-        """Held-out accuracy of the full-precision actor (greedy by default)."""
-        cfg = self.cfg
-        self.eval_engine.sync(self.actor)
+    def _held_out_acc(self, samples: int, temperature: float, top_p: float, seed: int) -> float:
+        """Mean verifier score over ``samples`` responses per held-out prompt (eval engine synced)."""
+        examples = [ex for ex in self.eval_set for _ in range(samples)]
         correct = 0
-        gen = torch.Generator().manual_seed(EVAL_SEED)
-        for i in range(0, len(self.eval_set), EVAL_BATCH):
-            chunk = self.eval_set[i : i + EVAL_BATCH]
+        gen = torch.Generator().manual_seed(seed)  # the same draws at every evaluation
+        for i in range(0, len(examples), EVAL_BATCH):
+            chunk = examples[i : i + EVAL_BATCH]
             ro = self.eval_engine.generate(
-                [self.tokenizer.encode(e.prompt) for e in chunk], max_new_tokens=cfg.rollout.max_new_tokens,
-                temperature=cfg.rollout.eval_temperature, top_p=1.0, stop_id=self.tokenizer.eos_id,
+                [self.tokenizer.encode(e.prompt) for e in chunk], max_new_tokens=self.cfg.rollout.max_new_tokens,
+                temperature=temperature, top_p=top_p, stop_id=self.tokenizer.eos_id,
                 pad_id=self.tokenizer.pad_id, generator=gen,
             )
             resp = ro.tokens[:, ro.response_start :]
             for j, ex in enumerate(chunk):
                 correct += self.task.verify(self.tokenizer.decode(resp[j][ro.response_mask[j]].tolist()), ex)
-        return correct / len(self.eval_set)
+        return correct / len(examples)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Held-out accuracy of the full-precision actor (greedy by default)."""
+        self.eval_engine.sync(self.actor)
+        return self._held_out_acc(1, self.cfg.rollout.eval_temperature, 1.0, EVAL_SEED)
+
+    @torch.no_grad()
+    def evaluate_sampled(self) -> dict[str, float]:
+        """avg@k of the full-precision actor: k = ``task.eval_samples`` samples per held-out prompt at
+        the rollout's temperature and top_p, mean verifier score (QuRL's AIME avg@32; verl's mean@k).
+        Empty when k = 0."""
+        cfg = self.cfg
+        k = cfg.task.eval_samples
+        if k == 0:
+            return {}
+        self.eval_engine.sync(self.actor)
+        acc = self._held_out_acc(k, cfg.rollout.temperature, cfg.rollout.top_p, EVAL_SEED + 1)
+        return {f"val-core/{cfg.task.name}/acc/mean@{k}": acc}
 
     def train_step(self) -> dict:
         """One RL step; returns its metrics."""
@@ -410,12 +437,14 @@ class EmbeddedRun:
         m["response_length/mean"] = b.lengths.float().mean().item()
         m["response_length/max"] = b.lengths.float().max().item()
         m["response_length/clip_ratio"] = b.truncated.float().mean().item()
+        m.update(error_token_metrics(b.tokens[:, b.start :], mask, b.truncated))  # QaRL error tokens
 
         t = time.perf_counter()
         with torch.no_grad():
             prox_logp, _ = self._logprobs(self.actor, b, aligned=cfg.correction.aligned_forward)  # [N, R]
         m["timing_s/old_log_prob"] = time.perf_counter() - t
         m.update(rollout_corr_metrics(prox_logp, b.behav_logp, mask))
+        m.update(mismatch_ratio_metrics(prox_logp, b.behav_logp, mask))
         ref_logp = None
         if self.ref is not None:
             t = time.perf_counter()
@@ -473,8 +502,9 @@ class EmbeddedRun:
             logger.log_artifact(cfg_path)
             t = time.perf_counter()
             self.baseline_acc = self.evaluate()
+            sampled = self.evaluate_sampled()
             logger.log_metrics(
-                {f"val-core/{cfg.task.name}/acc/mean@1": self.baseline_acc, "timing_s/testing": time.perf_counter() - t,
+                {f"val-core/{cfg.task.name}/acc/mean@1": self.baseline_acc, **sampled, "timing_s/testing": time.perf_counter() - t,
                  **{f"warm_start/{k}": float(v) for k, v in self.warm_info.items() if isinstance(v, (int, float))}},
                 step=0,
             )
@@ -491,6 +521,7 @@ class EmbeddedRun:
                     t = time.perf_counter()
                     last_acc = self.evaluate()
                     m[f"val-core/{cfg.task.name}/acc/mean@1"] = last_acc
+                    m.update(self.evaluate_sampled())
                     m["timing_s/testing"] = time.perf_counter() - t
                     pruned = self.on_eval is not None and bool(self.on_eval(self.step, last_acc))
                 logger.log_metrics(m, step=self.step)

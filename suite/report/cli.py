@@ -20,6 +20,8 @@ import time
 
 
 def register(subparsers) -> None:
+    from suite.report.stats import BOOTSTRAP_MIN_N
+
     p = subparsers.add_parser(
         "report", help="tables, figures and an executed notebook from MLflow runs (a sweep, an experiment, a filter)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,7 +35,10 @@ def register(subparsers) -> None:
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: the sweep's, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     p.add_argument("--out", default=None, help="output directory (default: reports/<sweep or experiment name>)")
-    p.add_argument("--resamples", type=int, default=None, help="bootstrap resamples for the 95%% CI (default 10000)")
+    p.add_argument("--paper", default=None, metavar="DIR",
+                   help="directory of the published values paper_*.csv (default: analysis/ of the suite source)")
+    p.add_argument("--resamples", type=int, default=None,
+                   help=f"bootstrap resamples for the 95%% CI of cells with >= {BOOTSTRAP_MIN_N} seeds (default 10000)")
     p.add_argument("--ci-seed", type=int, default=None, help="bootstrap seed (default 0)")
     p.add_argument("--no-notebook", action="store_true", help="skip the executed notebook and its HTML")
     p.add_argument("--no-log", action="store_true", help="do not log the report as artifacts of the parent run")
@@ -66,8 +71,10 @@ def _sweep_source(args) -> dict:
                                        f"tags.`suite.kind` = 'sweep' and tags.sweep = '{sweep.name}'",
                                        order_by=["attributes.start_time DESC"], max_results=1)
             parent = found[0].info.run_id if found else None
+    from suite.report.data import config_params
+
     expected = [{"cell": c.index, "run_id": c.run_id, "lr": float(c.cfg.train.lr), "sweep": sweep.name,
-                 **c.config_axes} for c in sweep.cells]
+                 "params": config_params(c.cfg), **c.config_axes} for c in sweep.cells]
     return {"tracking_uri": uri, "experiment": args.experiment or sweep.experiment, "parent": parent,
             "name": sweep.name, "expected": expected}
 
@@ -79,6 +86,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.resamples is not None and args.resamples < 2000:
         print(f"suite report: --resamples={args.resamples}: use at least 2000 for stable 95% percentiles",
               file=sys.stderr)
+        return 2
+    from suite.report.paper import PaperDataError, load_paper
+
+    try:  # the published values first: a bad row stops the report before anything is read or written
+        load_paper(args.paper)
+    except PaperDataError as e:
+        print(f"suite report: bad published values: {e}", file=sys.stderr)
         return 2
     expected, name = None, None
     if args.sweep_file:
@@ -112,7 +126,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"suite report: no runs found at {uri} (experiment={experiment!r}, filter={flt!r}, parent={parent!r})",
               file=sys.stderr)
         return 1
-    res = write_report(rd, out, n_resamples=args.resamples or N_RESAMPLES,
+    res = write_report(rd, out, paper_dir=args.paper, n_resamples=args.resamples or N_RESAMPLES,
                        ci_seed=CI_SEED if args.ci_seed is None else args.ci_seed,
                        notebook=not args.no_notebook, quiet=args.quiet)
     if parent and not args.no_log:

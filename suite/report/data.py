@@ -11,8 +11,9 @@ query for all keys on a SQL store, one request per key and 100 runs on a trackin
 never one request per run.
 
 Runs of every status are kept; the tables average only FINISHED runs and list the others
-(`tables.run_status`). Axis values come from the run's tags (`suite.config.axes`), so the
-columns are exactly the axes every run carries.
+(`tables.run_status`). Axis values come from the run's tags (`suite.config.axes`); the identity
+columns (trainer dtype, FP8 granularity, kernel paths, per-group LR control, group key) from
+their tags too, falling back to the run's params (`suite.report.identity`).
 """
 
 from __future__ import annotations
@@ -25,15 +26,28 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from suite.report.identity import (IDENTITY_DEFAULTS, SUPERSEDED, fill_group_keys, from_tags_and_params,
+                                   logged_before_rename, method_label, supersede)
+
 log = logging.getLogger(__name__)
 
 # The tags every run carries (suite.config.axes), in table order.
 AXES = ("backend", "precision", "correction", "uaq_s", "algo", "task", "model", "aligned_forward", "seed")
 # Columns of `RunData.runs` that identify and describe a run (before the per-run summaries).
+# `group_key` is equal for runs whose semantic configs differ only by the seed, `config` holds those
+# params as JSON (suite.report.identity).
 RUN_COLUMNS = (
     "mlflow_run_id", "run_name", "experiment_id", "status", "start_time", "end_time",
-    "parent_run_id", "sweep", "cell", "run_id", *AXES, "trainer_dtype", "lr", "steps", "method",
+    "parent_run_id", "sweep", "cell", "run_id", *AXES, "trainer_dtype", "fp8_granularity", "kernels",
+    "bf16_kernels", "uaq_group_lr_s", "lr", "steps", "method", "group_key", "config",
 )
+# Identity columns the step-by-step history carries beside the axes.
+HISTORY_IDENTITY = ("trainer_dtype", "fp8_granularity", "kernels", "bf16_kernels", "uaq_group_lr_s", "steps",
+                    "group_key")
+# Text columns of the run frame (read back from runs.csv as text, never as numbers).
+TEXT_COLUMNS = ("mlflow_run_id", "run_name", "experiment_id", "status", "parent_run_id", "sweep", "run_id", "backend",
+                "precision", "correction", "algo", "task", "model", "trainer_dtype", "fp8_granularity", "kernels",
+                "bf16_kernels", "method", "group_key", "config")
 # Metrics read step by step into `RunData.history` (MLflow names: docs/metrics.md, with `@`
 # sanitized to `_at_`). Held-out accuracy is task specific; `load_runs` adds its keys.
 HISTORY_KEYS = (
@@ -66,18 +80,6 @@ BULK_ROWS = 25_000  # rows a bulk-history response may hold (handlers.MAX_HISTOR
 def acc_key(task: str) -> str:
     """MLflow key of held-out accuracy for `task` (docs/metrics.md; `@1` sanitized to `_at_1`)."""
     return f"val-core/{task}/acc/mean_at_1"
-
-
-def method_label(correction: str, aligned_forward: bool, precision: str) -> str:
-    """The method as the papers name it: BF16 / naive / TIS / ACR / TBPO, `aligned+` for QaRL.
-
-    A full-precision rollout (bf16, fp32) has no quantization mismatch to correct, so its row
-    is the papers' BF16 baseline whatever the correction; TBPO keeps its name (QaRL's BF16 TBPO).
-    """
-    name = {"naive": "naive", "tis": "TIS", "acr": "ACR", "tbpo": "TBPO"}.get(correction, correction)
-    if precision in ("bf16", "fp32") and correction != "tbpo":
-        return precision.upper()
-    return f"aligned+{name}" if aligned_forward else name
 
 
 @dataclass
@@ -151,6 +153,21 @@ def _int_or_na(value):
         return pd.NA
 
 
+def _identity(row: dict, tags: dict, params: dict, before_rename: bool) -> dict:
+    """Fill the axes and identity columns of `row` from a run's tags, falling back to its params."""
+    for axis in AXES:
+        row[axis] = str(tags.get(axis, ""))
+    if row["seed"] == "":
+        row["seed"] = params.get("seed", "")
+    row.update(from_tags_and_params(tags, params, row["precision"], before_rename))
+    row["uaq_s"] = _float(row["uaq_s"])
+    row["aligned_forward"] = str(row["aligned_forward"]).lower() == "true"
+    row["seed"] = _int_or_na(row["seed"])
+    row["lr"] = _float(params.get("train.lr"))
+    row["steps"] = _int_or_na(params.get("steps"))
+    return row
+
+
 def _run_row(run) -> dict:
     tags, params = run.data.tags, run.data.params
     info = run.info
@@ -166,52 +183,45 @@ def _run_row(run) -> dict:
         "cell": _int_or_na(tags.get("cell")),
         "run_id": tags.get("run_id", ""),
     }
-    for axis in AXES:
-        row[axis] = tags.get(axis, "")
-    row["uaq_s"] = _float(row["uaq_s"])
-    row["aligned_forward"] = row["aligned_forward"] == "true"
-    row["seed"] = _int_or_na(row["seed"])
-    row["trainer_dtype"] = tags.get("trainer_dtype", "")
-    row["lr"] = _float(params.get("train.lr"))
-    row["steps"] = _int_or_na(params.get("steps"))
-    row["method"] = method_label(row["correction"], row["aligned_forward"], row["precision"])
+    _identity(row, tags, params, logged_before_rename(tags))
     # Latest value of every metric (MLflow: the value at the largest step), for the tables' "final".
     row[ACC] = _float(run.data.metrics.get(acc_key(row["task"])))
     return row
 
 
-SUPERSEDED = "SUPERSEDED"  # a FINISHED run of a cell that finished again later (its run dir was deleted)
-
-
 def runs_frame(runs: list) -> pd.DataFrame:
     """MLflow `Run` entities -> the tidy one-row-per-run frame (RUN_COLUMNS + `acc`).
 
-    When one configuration (the suite `run_id` tag) finished more than once, only the latest
-    finished run counts; the earlier ones get status SUPERSEDED, so no seed is averaged twice.
+    When one configuration and seed finished more than once (the same suite `run_id` tag, or the
+    same group key and seed), only the latest finished run counts; the earlier ones get status
+    SUPERSEDED (`suite.report.identity.supersede`), so no seed is averaged twice.
     """
     rows = [_run_row(r) for r in runs]
-    df = coerce_runs(pd.DataFrame(rows, columns=[*RUN_COLUMNS, ACC]))
-    done = df[(df["status"] == FINISHED) & (df["run_id"] != "")].sort_values("end_time", kind="stable")
-    older = done.index[done.duplicated("run_id", keep="last")]
-    df.loc[older, "status"] = SUPERSEDED
-    return df
+    return supersede(coerce_runs(pd.DataFrame(rows, columns=[*RUN_COLUMNS, ACC])), FINISHED)
 
 
 def coerce_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """Give the run frame its dtypes (also after a CSV round trip, as the notebook does)."""
+    """Give the run frame its dtypes (also after a CSV round trip, as the notebook does), the
+    identity columns a frame lacks (IDENTITY_DEFAULTS), a group key on every row and `method`."""
     df = df.copy()
+    for col, default in IDENTITY_DEFAULTS.items():
+        if col not in df.columns:
+            df[col] = default
     for col in ("cell", "seed", "steps"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
     for col in ("uaq_s", "lr", ACC):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    df["uaq_group_lr_s"] = pd.to_numeric(df["uaq_group_lr_s"], errors="coerce").fillna(1.0).astype(float)
     df["aligned_forward"] = df["aligned_forward"].map(
         lambda v: v if isinstance(v, bool) else str(v).lower() == "true").astype(bool)
     for col in ("start_time", "end_time"):
         df[col] = pd.to_datetime(df[col], utc=True, errors="coerce")
-    for col in ("mlflow_run_id", "run_name", "experiment_id", "status", "parent_run_id", "sweep", "run_id",
-                "backend", "precision", "correction", "algo", "task", "model", "trainer_dtype", "method"):
+    for col in TEXT_COLUMNS:
+        if col == "method":
+            continue
         df[col] = df[col].fillna("").astype(str)
-    return df
+    df["method"] = [method_label(c, a) for c, a in zip(df["correction"], df["aligned_forward"])]
+    return fill_group_keys(df)
 
 
 # ------------------------------------------------------------------ metric history, in bulk
@@ -325,7 +335,7 @@ def history_frame(long: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         # (run, step, key) is unique after `read_history`; pivot keeps NaN values (pivot_table drops them).
         wide = long.pivot(index=cols, columns="key", values="value").reset_index()
         wide.columns.name = None
-    meta = runs[["mlflow_run_id", "status", "method", "lr", *AXES]]
+    meta = runs[["mlflow_run_id", "status", "method", "lr", *AXES, *HISTORY_IDENTITY]]
     wide = wide.merge(meta, on="mlflow_run_id", how="left")
     acc = np.full(len(wide), np.nan)
     for task in runs["task"].unique():
@@ -335,7 +345,7 @@ def history_frame(long: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
             acc[sel] = wide.loc[sel, key].to_numpy(dtype=float)
     wide[ACC] = acc
     wide["step"] = wide["step"].astype(int)
-    lead = ["mlflow_run_id", "step", "status", "method", "lr", *AXES, ACC]
+    lead = ["mlflow_run_id", "step", "status", "method", "lr", *AXES, *HISTORY_IDENTITY, ACC]
     rest = sorted(c for c in wide.columns if c not in lead)
     return wide[lead + rest].sort_values(["mlflow_run_id", "step"]).reset_index(drop=True)
 
@@ -438,10 +448,17 @@ def load_runs(
 
 
 def add_missing(runs: pd.DataFrame, expected: list[dict]) -> pd.DataFrame:
-    """Rows with status MISSING for expected cells (dicts with `run_id`, `cell` and the axes)
-    that no loaded run carries (matched on the suite `run_id` tag, else on `cell`)."""
+    """Rows with status MISSING for expected cells that no loaded run carries (matched on the
+    suite `run_id` tag, else on `cell`). A cell is a dict with `run_id`, `cell`, `lr`, the axes
+    (`suite.config.axes`) and, ideally, `params`: its config flattened as MLflow params
+    (`config_params`). With params, a missing cell joins the row of the loaded runs whose
+    semantic config equals its own (it takes their group key and what they resolved at run
+    time: trainer dtype, kernel paths); without, it keys on its axes."""
     have_ids = set(runs["run_id"])
     have_cells = set(runs["cell"].dropna().astype(int))
+    # What a run resolves at run time (trainer dtype, kernel paths) a missing cell takes from its siblings.
+    resolved = ["group_key", "trainer_dtype", "kernels", "bf16_kernels", "fp8_granularity"]
+    by_config = {c: dict(zip(resolved, v)) for c, *v in zip(runs["config"], *(runs[k] for k in resolved)) if c}
     rows = []
     for cell in expected:
         if cell.get("run_id") in have_ids:
@@ -450,14 +467,29 @@ def add_missing(runs: pd.DataFrame, expected: list[dict]) -> pd.DataFrame:
             continue
         row = {c: "" for c in RUN_COLUMNS}
         row.update({k: v for k, v in cell.items() if k in RUN_COLUMNS})
+        params = {str(k): str(v) for k, v in (cell.get("params") or {}).items()}
+        tags = {k: str(v) for k, v in cell.items() if k in AXES or k in IDENTITY_DEFAULTS}
+        _identity(row, tags, params, before_rename=False)
         row["status"] = MISSING
         row["mlflow_run_id"] = ""
-        row["uaq_s"] = _float(row.get("uaq_s"))
-        row["aligned_forward"] = str(row.get("aligned_forward", "false")).lower() == "true"
-        row["lr"] = _float(cell.get("lr"))
-        row["method"] = method_label(row["correction"], row["aligned_forward"], row["precision"])
+        if not params:
+            row["lr"] = _float(cell.get("lr"))
+            row["steps"] = _int_or_na(cell.get("steps"))
+        if row["config"] in by_config:
+            row.update(by_config[row["config"]])
         rows.append(row)
     if not rows:
         return runs
     extra = coerce_runs(pd.DataFrame(rows).reindex(columns=[*RUN_COLUMNS, ACC]))
     return pd.concat([runs, extra], ignore_index=True)
+
+
+def config_params(cfg) -> dict[str, str]:
+    """A run config as the MLflow params its run logs (flattened, stringified, cut to MLflow's
+    value limit, as `suite.tracking.loggers.MlflowLogger.log_params` does)."""
+    from omegaconf import OmegaConf
+
+    from suite.tracking.loggers import MAX_PARAM_VAL_LENGTH, flatten_params
+
+    flat = flatten_params(OmegaConf.to_container(cfg, resolve=True))
+    return {str(k): str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in flat.items()}

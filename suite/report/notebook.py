@@ -99,7 +99,7 @@ def build_notebook(source: dict, table_names: list[str], figure_names: list[str]
             "from suite.report import data as D, plots as P, tables as T\n"
             "from suite.report.notebook import html_table\n"
             "\n"
-            "runs = D.coerce_runs(pd.read_csv('data/runs.csv', dtype={'experiment_id': str}, keep_default_na=True))\n"
+            "runs = D.coerce_runs(pd.read_csv('data/runs.csv', dtype={c: str for c in D.TEXT_COLUMNS}))\n"
             "history = pd.read_csv('data/history.csv')\n"
             f"# runs, history = (lambda d: (d.runs, d.history))(D.{load_call})\n"
             "paper = T.load_paper('paper') if Path('paper').exists() else T.load_paper()\n"

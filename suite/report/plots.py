@@ -17,7 +17,7 @@ import pandas as pd
 from suite.report.data import ACC, FINISHED
 from suite.report.tables import FULL, GROUP, with_lr_factor
 
-# QuRL's drift of KL(quantized || full precision): 0.002 early, 0.025 after ~1000 steps (SPEC.md).
+# QuRL's drift of KL(quantized || full precision): 0.002 early, 0.025 after ~1000 steps (arXiv 2602.13953, ACR section).
 PAPER_KL = (0.002, 0.025)
 DPI = 130
 
@@ -45,13 +45,16 @@ def save(fig, directory: Path, name: str) -> list[Path]:
 
 BAND_MINMAX_MAX_RUNS = 5  # up to this many runs per line the band is min..max, above it the 25-75% quantiles
 MAX_LINES = 12  # more configurations than this in one panel: average over the minor axes
+# Identity columns a line's label names when they vary (suite.report.cells.ROW_AXES, minus the few
+# that follow from these): lines never silently mix step counts, trainer dtypes or kernel paths.
+LINE_AXES = (*GROUP, "fp8_granularity", "uaq_s", "uaq_group_lr_s", "lr", "steps", "trainer_dtype", "kernels")
 
 
 def _label_cols(h: pd.DataFrame) -> list[str]:
     """Axes that vary in `h` (and so must appear in a line's label), in reading order. With
     more than MAX_LINES configurations, lines average over the axes other than precision and
     method (the title says so through `_averaged`)."""
-    vary = [c for c in (*GROUP, "uaq_s", "lr") if h[c].nunique(dropna=False) > 1]
+    vary = [c for c in LINE_AXES if c in h.columns and h[c].nunique(dropna=False) > 1]
     cols = ["precision", "method", *vary]
     if vary and len(h.drop_duplicates(cols)) > MAX_LINES:
         return ["precision", "method"]
@@ -59,7 +62,7 @@ def _label_cols(h: pd.DataFrame) -> list[str]:
 
 
 def _averaged(h: pd.DataFrame, cols: list[str]) -> str:
-    over = [c for c in (*GROUP, "uaq_s", "lr") if c not in cols and h[c].nunique(dropna=False) > 1]
+    over = [c for c in LINE_AXES if c in h.columns and c not in cols and h[c].nunique(dropna=False) > 1]
     return f"\n(lines: mean over {', '.join('UAQ s' if c == 'uaq_s' else c for c in over)})" if over else ""
 
 
@@ -69,8 +72,9 @@ def _label(row: dict, cols: list[str]) -> str:
         v = row[c]
         if c == "uaq_s":
             parts.append(f"s={v:g}")
-        elif c == "lr":
-            parts.append(f"lr={v:g}")
+        elif c in ("lr", "uaq_group_lr_s", "steps"):
+            name = "group LR x" if c == "uaq_group_lr_s" else f"{c}="
+            parts.append(f"{name}{'?' if pd.isna(v) else format(float(v), 'g')}")
         else:
             parts.append(str(v))
     return " ".join(parts)
@@ -213,7 +217,8 @@ def visibility_vs_s(runs: pd.DataFrame):
     r = with_lr_factor(runs)
     r = r[(r["status"] == FINISHED) & (r["lr_factor"] == 1.0) & ~r["precision"].isin(FULL) & r["visibility"].notna()]
     n = 0
-    group_cols = [c for c in (*GROUP, "precision", "method") if r[c].nunique() > 1] or ["precision"]
+    group_cols = [c for c in (*GROUP, "precision", "fp8_granularity", "method", "steps", "trainer_dtype")
+                  if r[c].nunique() > 1] or ["precision"]
     note = ""
     if len(r.drop_duplicates(group_cols)) > MAX_LINES:
         group_cols = ["precision"]
@@ -233,21 +238,39 @@ def visibility_vs_s(runs: pd.DataFrame):
     return fig
 
 
+def _bar_labels(thr: pd.DataFrame) -> list[str]:
+    """One legend label per throughput row: precision (with FP8 granularity) plus every identity
+    axis that varies between rows of one model, so two configurations never share a bar."""
+    cols = [c for c in ("method", "uaq_s", "uaq_group_lr_s", "lr", "steps", "trainer_dtype", "kernels", "bf16_kernels",
+                        "task", "algo", "backend", "variant") if thr[c].nunique(dropna=False) > 1]
+    labels = []
+    for _, r in thr.iterrows():
+        prec = f"fp8 {r['fp8_granularity']}" if r["precision"] == "fp8" else r["precision"]
+        labels.append(" ".join([prec, _label(r.to_dict(), [c for c in cols if c != "variant"]),
+                                str(r["variant"]) if "variant" in cols else ""]).strip())
+    dup = pd.Series(list(zip(thr["model"], labels))).duplicated(keep=False).to_numpy()
+    return [f"{lab} [{k}]" if d else lab for lab, k, d in zip(labels, thr["group_key"], dup)]
+
+
 def throughput_bars(thr: pd.DataFrame):
-    """Rollout tokens/s per precision, grouped by model size, with the speed-up over BF16/FP32."""
+    """Rollout tokens/s per configuration, grouped by model size, with the speed-up over BF16/FP32."""
     plt = _plt()
     models = list(dict.fromkeys(thr["model"])) or ["(none)"]
-    precs = list(dict.fromkeys(thr["precision"]))
-    fig, ax = plt.subplots(figsize=(max(5.5, 1.6 * len(models) * max(1, len(precs)) / 2 + 3), 4))
-    width = 0.8 / max(1, len(precs))
-    for i, prec in enumerate(precs):
-        sub = thr[thr["precision"] == prec].set_index("model").reindex(models)
-        xs = np.arange(len(models)) + (i - (len(precs) - 1) / 2) * width
-        bars = ax.bar(xs, sub["gen_tokens_per_s"].fillna(0), width, label=prec)
+    thr = thr.assign(_label=_bar_labels(thr)) if len(thr) else thr.assign(_label=[])
+    series = list(dict.fromkeys(thr["_label"]))
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.6 * len(models) * max(1, len(series)) / 2 + 3), 4))
+    width = 0.8 / max(1, len(series))
+    for i, label in enumerate(series):
+        sub = thr[thr["_label"] == label].set_index("model").reindex(models)
+        xs = np.arange(len(models)) + (i - (len(series) - 1) / 2) * width
+        bars = ax.bar(xs, sub["gen_tokens_per_s"].fillna(0), width, label=label)
         for b, sp, ref, n in zip(bars, sub["speedup"], sub["speedup_ref"], sub["n"]):
-            if not n or np.isnan(n):
-                ax.annotate(f"{prec}: no finished run", (b.get_x() + b.get_width() / 2, 0), ha="center", va="bottom",
-                            fontsize=8, rotation=90, xytext=(0, 4), textcoords="offset points", color="0.35")
+            if pd.isna(n):
+                continue
+            if not n:
+                ax.annotate(f"{label}: no finished run", (b.get_x() + b.get_width() / 2, 0), ha="center",
+                            va="bottom", fontsize=8, rotation=90, xytext=(0, 4), textcoords="offset points",
+                            color="0.35")
             elif isinstance(ref, str) and ref and not np.isnan(sp):
                 ax.annotate(f"{sp:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
                             fontsize=8, xytext=(0, 2), textcoords="offset points")
@@ -256,7 +279,7 @@ def throughput_bars(thr: pd.DataFrame):
     ax.set_xticks(np.arange(len(models)), [f"model: {m}" for m in models])
     ax.set_ylabel("rollout throughput (generated tokens / s)")
     ax.set_title("Rollout throughput (perf/gen_tokens_per_s); labels: speed-up vs BF16 (else FP32)")
-    ax.legend(title="rollout precision", frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(title="rollout configuration", frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 

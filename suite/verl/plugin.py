@@ -5,8 +5,10 @@ Loaded by ``import verl`` in every process (driver, Ray workers, vLLM workers) t
 entry point of that group unless ``VERL_USE_EXTERNAL_PLUGINS=none``; a failing plugin is only
 logged at debug level, so verl then reports "Unsupported loss mode: acr").
 
-Registered loss modes (``actor_rollout_ref.actor.policy_loss.loss_mode``):
-``suite_naive``, ``acr``, ``tbpo``. verl calls a registered loss as
+Registered loss modes (``actor_rollout_ref.actor.policy_loss.loss_mode``): every correction of
+suite.core.losses.CORRECTIONS that verl does not run itself (``verl="plugin"``: ``acr``, ``tbpo``);
+``naive`` is verl's stock vanilla loss, ``bypass`` verl's bypass mode and ``tis`` verl's token-level
+rollout IS (suite.verl.translate). verl calls a registered loss as
 
     fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
 
@@ -17,11 +19,11 @@ decoupled mode) and ``rollout_is_weights`` = the token-level rollout-correction 
 never hands the loss ``log pi_behav``. The translator sets ``rollout_is=token`` with threshold
 1e9 > exp(20), so the weight is never truncated and on valid tokens
 ``log r = log(rollout_is_weights)``, ``log pi_behav = log pi_prox - log r`` exactly as far as the
-clamp allows (|log r| <= 20, the same clamp suite.core.losses applies). The suite's own cap
-C (``correction.tis_cap``) and the TBPO bands come in through environment variables
-(``SUITE_TIS_CAP``, ``SUITE_TBPO_*``) that the translator puts in Ray's runtime_env, because
-verl's ActorConfig has no field for them; clip ranges and the dual clip come from verl's
-``clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c``.
+clamp allows (|log r| <= 20, the same clamp suite.core.losses applies). The modes' own
+parameters (``Correction.params``: the cap C, the TBPO bands) come in as one JSON value,
+``SUITE_LOSS_PARAMS``, that the translator puts in Ray's runtime_env, because verl's ActorConfig
+has no field for them; clip ranges and the dual clip come from verl's ``clip_ratio_low`` /
+``clip_ratio_high`` / ``clip_ratio_c``.
 
 QaRL's rollout-aligned forward (``correction.aligned_forward=true``): when the translator sets
 ``SUITE_ALIGNED_FORWARD`` (the rollout quantizer's spec) in the workers' environment, loading the
@@ -30,6 +32,12 @@ before the losses are registered, so a failure there (which verl logs only at de
 leaves the suite loss modes unregistered and the run stops at its first update instead of
 training silently without the aligned forward.
 
+Metrics: besides the loss's own stats, each registered loss returns the token quantiles of
+``r = pi_prox / pi_behav`` (``rollout_corr/ratio_p1`` ...) and of ``R = pi_theta / pi_prox``
+(``actor/ratio_p1`` ...) from suite.core.metrics, over the micro-batch's valid tokens; verl
+averages a loss's metrics over micro-batches (and ranks), so a verl quantile is a mean of
+micro-batch quantiles (docs/metrics.md).
+
 Aggregation: suite.core.losses aggregates over the micro-batch it is given. Under data
 parallelism verl normalises by global counts (``config.global_batch_info``); the loss is rescaled
 by ``local count / global count * dp_size`` so the gradient equals verl's own aggregation.
@@ -37,35 +45,31 @@ by ``local count / global count * dp_size`` so the gradient equals verl's own ag
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
 import torch
 
-from suite.core.losses import policy_loss
+from suite.core.losses import CORRECTIONS, policy_loss
+from suite.core.metrics import mismatch_ratio_metrics, policy_ratio_metrics
+from suite.verl import LOSS_PARAMS_ENV
 
-ENV_KEYS = {
-    "tis_cap": "SUITE_TIS_CAP",
-    "tbpo_delta_pos": "SUITE_TBPO_DELTA_POS",
-    "tbpo_delta_neg_low": "SUITE_TBPO_DELTA_NEG_LOW",
-    "tbpo_delta_neg_high": "SUITE_TBPO_DELTA_NEG_HIGH",
-    "tbpo_seq_cap": "SUITE_TBPO_SEQ_CAP",
-}
 
 
 def _env_params(mode: str) -> dict[str, float]:
-    wanted = ("tis_cap",) if mode in ("acr",) else (tuple(k for k in ENV_KEYS if k.startswith("tbpo")) if mode == "tbpo" else ())
-    out = {}
-    for key in wanted:
-        var = ENV_KEYS[key]
-        value = os.environ.get(var)
-        if value is None:
-            raise RuntimeError(
-                f"suite loss mode {mode!r} needs the environment variable {var} (set by suite.verl.translate "
-                f"through +ray_kwargs.ray_init.runtime_env.env_vars.{var}); run verl through `suite run backend=verl`"
-            )
-        out[key] = float(value)
-    return out
+    wanted = CORRECTIONS[mode].params
+    raw = os.environ.get(LOSS_PARAMS_ENV)
+    if raw is None:
+        raise RuntimeError(
+            f"suite loss mode {mode!r} needs the environment variable {LOSS_PARAMS_ENV} (set by suite.verl.translate "
+            f"through +ray_kwargs.ray_init.runtime_env.env_vars.{LOSS_PARAMS_ENV}); run verl through `suite run backend=verl`"
+        )
+    values = json.loads(raw)
+    missing = [k for k in wanted if k not in values]
+    if missing:
+        raise RuntimeError(f"{LOSS_PARAMS_ENV} lacks {', '.join(missing)} for suite loss mode {mode!r}: {raw}")
+    return {k: float(values[k]) for k in wanted}
 
 
 def behav_from_is_weights(old_log_prob: torch.Tensor, rollout_is_weights: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
@@ -117,26 +121,31 @@ def _suite_loss(mode: str, old_log_prob, log_prob, advantages, response_mask, lo
         agg=loss_agg_mode,
         **_env_params(mode),
     )
+    stats.update(mismatch_ratio_metrics(old_log_prob, behav, response_mask))
+    stats.update(policy_ratio_metrics(log_prob, old_log_prob, response_mask))
     return loss * _global_scale(response_mask, loss_agg_mode, config), stats
+
+
+def plugin_modes() -> tuple[str, ...]:
+    """The corrections this plugin registers with verl (the rest verl runs with its own losses)."""
+    return tuple(name for name, c in CORRECTIONS.items() if c.verl == "plugin")
 
 
 def _register() -> None:
     from verl.trainer.ppo.core_algos import register_policy_loss
 
-    @register_policy_loss("suite_naive")
-    def suite_naive(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
-        """Naive: PPO clip anchored at the quantized rollout's log-probs (suite.core.losses mode naive)."""
-        return _suite_loss("naive", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+    def make(mode: str):
+        def loss_fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                    rollout_is_weights=None):
+            return _suite_loss(mode, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                               rollout_is_weights)
 
-    @register_policy_loss("acr")
-    def acr(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
-        """QuRL adaptive clipping range (suite.core.losses mode acr)."""
-        return _suite_loss("acr", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+        loss_fn.__name__ = loss_fn.__qualname__ = f"suite_{mode}"
+        loss_fn.__doc__ = f"{CORRECTIONS[mode].label}: {CORRECTIONS[mode].reproduces} (suite.core.losses mode {mode})."
+        return loss_fn
 
-    @register_policy_loss("tbpo")
-    def tbpo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
-        """QaRL trust-band policy optimisation (suite.core.losses mode tbpo)."""
-        return _suite_loss("tbpo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+    for mode in plugin_modes():
+        register_policy_loss(mode)(make(mode))
 
 
 def _install_aligned() -> None:
@@ -152,4 +161,4 @@ def _install_aligned() -> None:
 _install_aligned()
 _register()
 
-__all__ = ["ENV_KEYS", "behav_from_is_weights"]
+__all__ = ["LOSS_PARAMS_ENV", "behav_from_is_weights", "plugin_modes"]

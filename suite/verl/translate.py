@@ -13,9 +13,12 @@ mapping, axis by axis:
 - precision: bf16 -> nothing; fp8 -> ``rollout.quantization=fp8`` (verl's native, 128x128 blocks);
   int8 / w4a16 -> our vLLM worker extension (suite.verl.int8_hook) that re-quantizes every weight
   sync. ``rollout.calculate_log_probs=true`` always, so verl logs the ``rollout_corr/`` mismatch.
-- correction: tis -> verl's token-level rollout IS, threshold C; naive / acr / tbpo -> our
-  registered loss modes (suite.verl.plugin), which recover ``r = pi_prox / pi_behav`` from
-  verl's ``rollout_is_weights`` computed with a threshold that never truncates.
+- correction (``Correction.verl`` in suite.core.losses): naive -> verl's stock pipeline (vanilla
+  loss, old log-probs recomputed, no rollout correction); bypass -> verl's rollout-correction
+  bypass mode (``bypass_mode=true, loss_type=ppo_clip``); tis -> verl's token-level rollout IS,
+  threshold C; acr / tbpo -> our registered loss modes (suite.verl.plugin), which recover
+  ``r = pi_prox / pi_behav`` from verl's ``rollout_is_weights`` computed with a threshold that
+  never truncates.
 - correction.aligned_forward: ``SUITE_ALIGNED_FORWARD`` = the rollout quantizer's spec in every
   Ray worker; the plugin then swaps verl's FSDP actor engine for one whose block linears
   fake-quantize their weights with that quantizer (suite.verl.aligned).
@@ -23,24 +26,23 @@ mapping, axis by axis:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
 from omegaconf import DictConfig
 
 from suite.config import run_id
+from suite.core.losses import CORRECTIONS
+from suite.verl import LOSS_PARAMS_ENV
 from suite.verl.aligned import ALIGNED_ENV, scheme_spec
 
-# Loss modes registered with verl's register_policy_loss by suite.verl.plugin.
-SUITE_LOSS_MODES = {"naive": "suite_naive", "acr": "acr", "tbpo": "tbpo"}
 # rollout_is_threshold for the modes that need the raw r: verl clamps log r to +-20 before exp
 # (rollout_corr_helper.SAFETY_BOUND), so a weight never exceeds exp(20) ~ 4.85e8 < 1e9.
 NEVER_TRUNCATE = 1e9
 # verl always applies the dual clip (clip_ratio_c); with algo.dual_clip = null we set a bound no
 # ratio reaches (ratios are exp(clamp(., +-20)) <= 4.85e8), which is the same as "off".
 DUAL_CLIP_OFF = 1e9
-# Environment variables the plugin reads in every Ray worker (set through ray's runtime_env).
-LOSS_ENV = ("SUITE_TIS_CAP", "SUITE_TBPO_DELTA_POS", "SUITE_TBPO_DELTA_NEG_LOW", "SUITE_TBPO_DELTA_NEG_HIGH", "SUITE_TBPO_SEQ_CAP")
 ROLLOUT_QUANT_ENV = "SUITE_ROLLOUT_QUANT"  # int8 | w4a16: read by suite.verl.int8_hook in the vLLM workers
 KL_TYPES = {"k1": "k1", "k2": "k2", "k3": "low_var_kl"}  # suite algo.kl_estimator -> verl kl_loss_type
 ADV_ESTIMATORS = {"ppo": "gae", "grpo": "grpo", "dapo": "grpo"}
@@ -79,9 +81,10 @@ def uaq_model_dir(cfg: DictConfig) -> str:
 def loss_env(cfg: DictConfig) -> dict[str, str]:
     """Parameters of the suite loss modes that verl's ActorConfig has no field for, the rollout
     quantizer for the vLLM worker extension and, with the aligned forward, its spec."""
-    c = cfg.correction
-    values = (c.tis_cap, c.tbpo_delta_pos, c.tbpo_delta_neg_low, c.tbpo_delta_neg_high, c.tbpo_seq_cap)
-    env = {k: _f(v) for k, v in zip(LOSS_ENV, values)}
+    c = CORRECTIONS[cfg.correction.mode]
+    env = {}
+    if c.verl == "plugin":  # one JSON value: the parameters the registered loss reads (suite.verl.plugin)
+        env[LOSS_PARAMS_ENV] = json.dumps({k: float(cfg.correction[k]) for k in c.params}, sort_keys=True)
     if cfg.quant.precision in ("int8", "w4a16"):
         env[ROLLOUT_QUANT_ENV] = cfg.quant.precision
         env["SUITE_W4_GROUP_SIZE"] = str(cfg.quant.group_size)
@@ -150,7 +153,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"{ar}.actor.kl_loss_type={KL_TYPES[a.kl_estimator]}",
         f"{ar}.actor.entropy_coeff=0.0",
         f"{ar}.actor.data_loader_seed={cfg.seed}",
-        f"{ar}.actor.policy_loss.loss_mode={SUITE_LOSS_MODES.get(mode, 'vanilla')}",
+        f"{ar}.actor.policy_loss.loss_mode={mode if CORRECTIONS[mode].verl == 'plugin' else 'vanilla'}",
         # rollout: vLLM, G samples per prompt, rollout log-probs always (mismatch metrics)
         f"{ar}.rollout.name=vllm",
         f"{ar}.rollout.n={a.group_size}",
@@ -176,11 +179,17 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
             o.append(f"+{ar}.rollout.engine_kwargs.vllm.quantization=compressed-tensors")
             o.append(f"+{ar}.rollout.engine_kwargs.vllm.hf_overrides={_hydra_value({'quantization_config': W8A8_QUANT_CONFIG})}")
     # correction: token-level rollout IS; TIS truncates at C, the suite modes need the raw r
-    if mode == "tis":
-        o += ["algorithm.rollout_correction.rollout_is=token", f"algorithm.rollout_correction.rollout_is_threshold={_f(c.tis_cap)}"]
-    elif mode in SUITE_LOSS_MODES:
-        o += ["algorithm.rollout_correction.rollout_is=token", f"algorithm.rollout_correction.rollout_is_threshold={_f(NEVER_TRUNCATE)}"]
-    o += ["algorithm.rollout_correction.bypass_mode=false", "algorithm.rollout_correction.rollout_is_batch_normalize=false"]
+    rc = "algorithm.rollout_correction"
+    how = CORRECTIONS[mode].verl
+    if how == "tis":
+        o += [f"{rc}.rollout_is=token", f"{rc}.rollout_is_threshold={_f(c.tis_cap)}"]
+    elif how == "plugin":
+        o += [f"{rc}.rollout_is=token", f"{rc}.rollout_is_threshold={_f(NEVER_TRUNCATE)}"]
+    else:  # naive (stock pipeline) and bypass: no IS weight
+        o += [f"{rc}.rollout_is=null"]
+    o += [f"{rc}.bypass_mode={str(how == 'bypass').lower()}", f"{rc}.rollout_is_batch_normalize=false"]
+    if how == "bypass":
+        o.append(f"{rc}.loss_type=ppo_clip")  # verl: PPO clip with pi_theta / pi_rollout
     # algorithm specifics
     if algo == "ppo":
         o += [

@@ -53,10 +53,10 @@ def test_unknown_mode_and_agg_list_allowed_values() -> None:
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="token-mean.*seq-mean-token-mean"):
         agg_loss(x, x.bool(), "sum")
-    with pytest.raises(ValueError, match="ppo.*naive.*tis.*acr.*tbpo"):
+    with pytest.raises(ValueError, match="naive.*bypass.*tis.*acr.*tbpo"):
         policy_loss(x, x, x, x, x.bool(), mode="grpo")
     with pytest.raises(ValueError, match="token-mean"):
-        policy_loss(x, x, x, x, x.bool(), mode="ppo", agg="token-sum")
+        policy_loss(x, x, x, x, x.bool(), mode="naive", agg="token-sum")
 
 
 # ----------------------------------------------------------------------------- token modes
@@ -77,7 +77,7 @@ def _ppo_case():
 
 def test_ppo_hand() -> None:
     logp, prox, adv, mask = _ppo_case()
-    loss, stats = policy_loss(logp, prox, None, adv, mask, mode="ppo")
+    loss, stats = policy_loss(logp, prox, None, adv, mask, mode="naive")
     torch.testing.assert_close(loss, t(-(1.2 - 0.8 + 2.2 + 0.7) / 4))
     assert stats["actor/pg_clipfrac"] == 0.5
     assert stats["actor/pg_clipfrac_high_bound"] == 0.25
@@ -89,7 +89,7 @@ def test_ppo_hand() -> None:
 def test_ppo_gradient_zero_where_clipped() -> None:
     logp, prox, adv, mask = _ppo_case()
     logp = logp.clone().requires_grad_(True)
-    policy_loss(logp, prox, None, adv, mask, mode="ppo")[0].backward()
+    policy_loss(logp, prox, None, adv, mask, mode="naive")[0].backward()
     # d(-A R / 4)/d logp = -A R / 4 where unclipped; 0 where clipped
     torch.testing.assert_close(logp.grad, t([[0.0, 0.0, -2.0 * 1.1 / 4, -0.7 / 4]]))
 
@@ -100,23 +100,71 @@ def test_dual_clip_hand() -> None:
     logp = prox + logs([[4.0, 2.0]])
     adv = t([[-1.0, -1.0]])
     mask = torch.ones(1, 2, dtype=torch.bool)
-    loss, stats = policy_loss(logp, prox, None, adv, mask, mode="ppo", dual_clip=3.0)
+    loss, stats = policy_loss(logp, prox, None, adv, mask, mode="naive", dual_clip=3.0)
     torch.testing.assert_close(loss, t((3.0 + 2.0) / 2))
     assert stats["actor/pg_clipfrac_lower"] == 0.5
-    loss_off, _ = policy_loss(logp, prox, None, adv, mask, mode="ppo")
+    loss_off, _ = policy_loss(logp, prox, None, adv, mask, mode="naive")
     torch.testing.assert_close(loss_off, t((4.0 + 2.0) / 2))
     with pytest.raises(ValueError, match="dual_clip"):
-        policy_loss(logp, prox, None, adv, mask, mode="ppo", dual_clip=0.9)
+        policy_loss(logp, prox, None, adv, mask, mode="naive", dual_clip=0.9)
 
 
-def test_naive_uses_behav_as_anchor() -> None:
+def test_bypass_uses_behav_as_anchor() -> None:
     logp, prox, adv, mask = _ppo_case()
-    # naive ignores prox: same numbers as ppo with behav in prox's place
-    loss, stats = policy_loss(logp, None, prox, adv, mask, mode="naive")
+    # bypass ignores prox: the same numbers as naive with behav in prox's place
+    loss, stats = policy_loss(logp, None, prox, adv, mask, mode="bypass")
     torch.testing.assert_close(loss, t(-(1.2 - 0.8 + 2.2 + 0.7) / 4))
     assert stats["actor/pg_clipfrac"] == 0.5
     with pytest.raises(ValueError, match="behav_logp"):
-        policy_loss(logp, prox, None, adv, mask, mode="naive")
+        policy_loss(logp, prox, None, adv, mask, mode="bypass")
+
+
+def test_naive_is_ppo_against_prox_and_ignores_behav() -> None:
+    """The papers' baseline: the clip anchor is the recomputed full-precision pi_prox; whatever the
+    quantized sampler's log-probs were, the loss and its gradient do not change."""
+    logp, prox, adv, mask = _ppo_case()
+    logp = logp.clone().requires_grad_(True)
+    behav_far = prox + t([[2.0, -3.0, 0.7, 1.5]])  # a sampler far from prox
+    losses, grads = [], []
+    for behav in (None, prox.clone(), behav_far):
+        loss, stats = policy_loss(logp, prox, behav, adv, mask, mode="naive")
+        (g,) = torch.autograd.grad(loss, logp)
+        losses.append(loss)
+        grads.append(g)
+        assert stats["actor/pg_clipfrac"] == 0.5 and "rollout_corr/rollout_is_mean" not in stats
+    for loss, g in zip(losses, grads):
+        torch.testing.assert_close(loss, t(-(1.2 - 0.8 + 2.2 + 0.7) / 4))  # hand value of _ppo_case
+        torch.testing.assert_close(g, t([[0.0, 0.0, -2.0 * 1.1 / 4, -0.7 / 4]]))
+
+
+def test_bypass_is_ppo_against_behav_and_ignores_prox() -> None:
+    """verl's bypass mode: R' = pi_theta / pi_behav. With logp = behav + log R' the hand values of
+    _ppo_case come back whatever prox is; with prox in the anchor's place they would not."""
+    logp, behav, adv, mask = _ppo_case()
+    other_prox = behav + t([[0.3, -0.3, 0.2, 0.1]])
+    for prox in (None, other_prox):
+        loss, _ = policy_loss(logp, prox, behav, adv, mask, mode="bypass")
+        torch.testing.assert_close(loss, t(-(1.2 - 0.8 + 2.2 + 0.7) / 4))
+    naive, _ = policy_loss(logp, other_prox, behav, adv, mask, mode="naive")
+    assert not torch.allclose(naive, t(-(1.2 - 0.8 + 2.2 + 0.7) / 4))
+
+
+def test_the_registry_names_every_mode_once_with_what_it_needs() -> None:
+    from suite.core.losses import CORRECTIONS
+
+    assert tuple(CORRECTIONS) == ("naive", "bypass", "tis", "acr", "tbpo")
+    needs = {n: (c.needs_prox, c.needs_behav) for n, c in CORRECTIONS.items()}
+    assert needs == {"naive": (True, False), "bypass": (False, True), "tis": (True, True), "acr": (True, True),
+                     "tbpo": (True, True)}
+    assert {n: c.label for n, c in CORRECTIONS.items()} == {"naive": "naive", "bypass": "bypass", "tis": "TIS",
+                                                             "acr": "ACR", "tbpo": "TBPO"}
+    x = torch.zeros(1, 2)
+    for name, c in CORRECTIONS.items():  # a mode that needs a log-prob refuses None, naming it
+        for arg, needed in (("prox_logp", c.needs_prox), ("behav_logp", c.needs_behav)):
+            if needed:
+                args = [x, None if arg == "prox_logp" else x, None if arg == "behav_logp" else x, x, x.bool()]
+                with pytest.raises(ValueError, match=arg):
+                    policy_loss(*args, mode=name)
 
 
 def test_tis_hand() -> None:
@@ -170,7 +218,7 @@ def test_masked_tokens_do_not_count() -> None:
     logp, prox, adv, mask = _ppo_case()
     big = torch.cat([logp, t([[50.0]])], 1)  # a padded token with absurd values
     pad = torch.cat([mask, torch.zeros(1, 1, dtype=torch.bool)], 1)
-    for mode in ("ppo", "tis", "acr", "naive"):
+    for mode in ("naive", "tis", "acr", "bypass"):
         a, _ = policy_loss(logp, prox, prox, adv, mask, mode=mode)
         b, _ = policy_loss(big, torch.cat([prox, t([[0.0]])], 1), torch.cat([prox, t([[-60.0]])], 1),
                            torch.cat([adv, t([[1e6]])], 1), pad, mode=mode)
@@ -257,7 +305,7 @@ def test_tbpo_defaults_are_sequence_scale() -> None:
     dual=st.sampled_from([None, 3.0]),
     agg=st.sampled_from(AGG_MODES),
 )
-def test_tis_and_acr_equal_ppo_when_behav_is_prox(seed, clip_low, clip_high, tis_cap, dual, agg) -> None:
+def test_tis_and_acr_equal_naive_when_behav_is_prox(seed, clip_low, clip_high, tis_cap, dual, agg) -> None:
     g = torch.Generator().manual_seed(seed)
     B, T = 4, 7
     prox = -torch.rand(B, T, generator=g, dtype=D) * 3
@@ -265,7 +313,7 @@ def test_tis_and_acr_equal_ppo_when_behav_is_prox(seed, clip_low, clip_high, tis
     adv = torch.randn(B, T, generator=g, dtype=D)
     mask = torch.rand(B, T, generator=g) > 0.3
     kw = dict(clip_low=clip_low, clip_high=clip_high, tis_cap=tis_cap, dual_clip=dual, agg=agg)
-    ref, ref_stats = policy_loss(logp, prox, None, adv, mask, mode="ppo", **kw)
+    ref, ref_stats = policy_loss(logp, prox, None, adv, mask, mode="naive", **kw)
     (g_ref,) = torch.autograd.grad(ref, logp)
     for mode in ("tis", "acr"):
         loss, stats = policy_loss(logp, prox, prox.clone(), adv, mask, mode=mode, **kw)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -262,3 +264,47 @@ def test_hf_logits_invariant_and_undo(kind: str) -> None:
 def test_named_mappings_cover_the_three_families() -> None:
     assert set(MAPPINGS) == {"embedded", "llama", "qwen2"}
     assert MAPPINGS["qwen2"] == MAPPINGS["llama"]
+
+
+@pytest.mark.parametrize("s, wd", [(1.5, 0.0), (2.0, 0.1)])
+def test_uaq_under_adamw_is_a_per_group_learning_rate(s, wd) -> None:
+    """UAQ s, trained with AdamW at lr, then undone, equals plain training with the per-group
+    learning rates (and decays) of uaq_param_groups: the control that tells UAQ apart from an LR
+    change. Exact up to Adam's eps (set tiny here) and float rounding."""
+    from suite.core.uaq import uaq_param_groups
+    from suite.embedded.model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=17, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=16)
+    base = Transformer(cfg)
+    uaq, ctrl = copy.deepcopy(base), copy.deepcopy(base)
+    apply_uaq(uaq, s, "embedded")
+    lr, eps = 1e-2, 1e-14
+    opt_u = torch.optim.AdamW(uaq.parameters(), lr=lr, eps=eps, weight_decay=wd)
+    opt_c = torch.optim.AdamW(uaq_param_groups(ctrl, lr, s, "embedded", weight_decay=wd), lr=lr, eps=eps)
+    assert [g["lr"] for g in opt_c.param_groups] == [lr * s, lr / s, lr]
+    g = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        tokens = torch.randint(0, 17, (4, 12), generator=g)
+        for model, opt in ((uaq, opt_u), (ctrl, opt_c)):
+            loss = torch.nn.functional.cross_entropy(model(tokens)[:, :-1].reshape(-1, 17), tokens[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    undo_uaq(uaq, s, "embedded")
+    moved = 0.0
+    for (name, pu), pc, p0 in zip(uaq.named_parameters(), ctrl.parameters(), base.parameters()):
+        torch.testing.assert_close(pu, pc, rtol=1e-4, atol=1e-6, msg=name)
+        moved = max(moved, (pc - p0).abs().max().item())
+    assert moved > 1e-2  # they trained (5 Adam steps at lr 1e-2)
+    # plain AdamW at lr (no per-group rates) is measurably different: the control is not a no-op
+    plain = copy.deepcopy(base)
+    opt_p = torch.optim.AdamW(plain.parameters(), lr=lr, eps=eps, weight_decay=wd)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        tokens = torch.randint(0, 17, (4, 12), generator=g)
+        loss = torch.nn.functional.cross_entropy(plain(tokens)[:, :-1].reshape(-1, 17), tokens[:, 1:].reshape(-1))
+        opt_p.zero_grad()
+        loss.backward()
+        opt_p.step()
+    assert max((a - b).abs().max().item() for a, b in zip(plain.parameters(), ctrl.parameters())) > 1e-3

@@ -59,7 +59,7 @@ def test_ppo_equals_compute_policy_loss_vanilla(seed, agg, clip_low, clip_high, 
     cfg = _actor_config(clip_low, clip_high, NO_DUAL if dual is None else dual)
     ref, ref_stats = core_algos.compute_policy_loss_vanilla(prox, logp, adv, mask.float(), agg, cfg)
     loss, stats = policy_loss(
-        logp, prox, None, adv, mask, mode="ppo", clip_low=clip_low, clip_high=clip_high, dual_clip=dual, agg=agg
+        logp, prox, None, adv, mask, mode="naive", clip_low=clip_low, clip_high=clip_high, dual_clip=dual, agg=agg
     )
     torch.testing.assert_close(loss, ref)
     for k in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"):

@@ -43,6 +43,17 @@ REQUIRED_EVERY_STEP = [
     "rollout_corr/k3_kl",
     "rollout_corr/log_ppl_diff",
     "rollout_corr/chi2_token",
+    "rollout_corr/ratio_p1",
+    "rollout_corr/ratio_p50",
+    "rollout_corr/ratio_p99",
+    "rollout_corr/ratio_frac_below_0.5",
+    "rollout_corr/ratio_frac_above_2",
+    "actor/ratio_p1",
+    "actor/ratio_p50",
+    "actor/ratio_p99",
+    "response/rep4_rate/mean",
+    "response/longest_run/max",
+    "response/error_ratio",
     "quant/update_visible_frac",
     "quant/update_code_changed_frac",
     "quant/update_step_ratio",
@@ -107,6 +118,34 @@ def test_tiny_run_logs_every_metric_to_jsonl_and_mlflow(tmp_path):
     # A finished run is not run again.
     again = EmbeddedRun(cfg, run_dir, progress=False).run()
     assert again["already_finished"] and steps_of(run_dir) == list(range(cfg.steps + 1))
+
+
+def test_tiny_run_logs_mismatch_quantiles_error_tokens_and_avg_at_k(tmp_path):
+    """The new per-step keys are finite and in range every step; avg@k (task.eval_samples) is
+    logged at the evaluation steps next to the greedy mean@1, as a multiple of 1 / (n_eval k)."""
+    k = 4
+    cfg = tiny_cfg(tmp_path, "steps=3", "eval_every=2", f"task.eval_samples={k}")
+    run_dir, _ = run_cfg(cfg)
+    entries = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    for e in entries[1:]:
+        m = e["metrics"]
+        for pre in ("rollout_corr/", "actor/"):
+            p1, p50, p99 = (m[f"{pre}ratio_{q}"] for q in ("p1", "p50", "p99"))
+            assert 0 < p1 <= p50 <= p99 < 10, (e["step"], pre, p1, p50, p99)
+            assert 0.5 < p50 < 2, (e["step"], pre, p50)  # a near-on-policy step: the median token agrees
+        for key in ("rollout_corr/ratio_frac_below_0.5", "rollout_corr/ratio_frac_above_2", "response/error_ratio",
+                    "response/rep4_rate/mean", "response/rep4_rate/max"):
+            assert 0 <= m[key] <= 1, (e["step"], key, m[key])
+        assert m["response/rep4_rate/mean"] <= m["response/rep4_rate/max"]
+        assert 1 <= m["response/longest_run/mean"] <= m["response/longest_run/max"] <= cfg.rollout.max_new_tokens
+    greedy, sampled = "val-core/arith/acc/mean@1", f"val-core/arith/acc/mean@{k}"
+    assert [e["step"] for e in entries if sampled in e["metrics"]] == [0, 2, 3]
+    assert [e["step"] for e in entries if greedy in e["metrics"]] == [0, 2, 3]
+    n = cfg.task.n_eval * k
+    for e in entries:
+        if sampled in e["metrics"]:
+            acc = e["metrics"][sampled]
+            assert 0 < acc < 1 and acc * n == pytest.approx(round(acc * n), abs=1e-9), acc
 
 
 @pytest.mark.parametrize("algo, correction", [("ppo", "tis"), ("dapo", "tbpo"), ("grpo", "naive")])
@@ -311,3 +350,22 @@ def test_a_run_that_raises_ends_its_mlflow_run_failed(tmp_path):
         [e.experiment_id for e in MlflowClient(f"sqlite:///{db}").search_experiments()])
     assert len(runs) == 1
     assert runs[0].info.status == "FAILED" and "max_seq_len" in runs[0].data.tags["error"]
+
+
+def test_the_uaq_group_lr_control_trains_with_uaq_s_learning_rates(tmp_path):
+    """uaq.s=1.0 uaq.group_lr_s=1.5: no rescaling, AdamW groups at lr x 1.5 (q/k/v/gate/up),
+    lr / 1.5 (norm gains), lr (the rest); tagged, and a different run from both UAQ and no-UAQ."""
+    cfg = tiny_cfg(tmp_path, "steps=1", "eval_every=1", "uaq.s=1.0", "uaq.group_lr_s=1.5")
+    assert run_id(cfg) not in {run_id(tiny_cfg(tmp_path, "steps=1", "eval_every=1", f"uaq.s={s}")) for s in (1.0, 1.5)}
+    run = EmbeddedRun(cfg, str(tmp_path / "ctrl"), progress=False)
+    run.build()
+    lrs = {g["uaq_group"]: g["lr"] for g in run.opt.param_groups}
+    assert lrs == {"fed_linears": cfg.train.lr * 1.5, "norm_gains": cfg.train.lr / 1.5, "rest": cfg.train.lr}
+    fed = {id(p) for p in run.opt.param_groups[0]["params"]}
+    names = {n for n, p in run.actor.named_parameters() if id(p) in fed}
+    assert names == {f"layers.{i}.{w}.weight" for i in range(run.model_cfg.n_layers)
+                     for w in ("attn.wq", "attn.wk", "attn.wv", "mlp.w_gate", "mlp.w_up")}
+    run_dir, _ = run_cfg(cfg)
+    tags = MlflowClient(cfg.tracking.tracking_uri).search_runs(
+        [MlflowClient(cfg.tracking.tracking_uri).get_experiment_by_name("suite").experiment_id])[0].data.tags
+    assert tags["uaq_group_lr_s"] == "1.5" and tags["uaq_s"] == "1"

@@ -1,7 +1,7 @@
 """`suite report` on a real sweep (tests/report/conftest.py): the tables' numbers against the
-runs' own records (metrics.jsonl, summary.json), the bootstrap CI against a direct
-computation, missing/failed/running cells listed and not averaged, figures, HTML and the
-executed notebook, artifacts on the sweep's parent run."""
+runs' own records (metrics.jsonl, summary.json), the CIs against scipy and a direct bootstrap,
+one row per configuration, missing/failed/running cells listed and not averaged, figures, HTML
+and the executed notebook, artifacts on the sweep's parent run."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
+from scipy import stats
 
 from suite.report import data as D
 from suite.report import tables as T
@@ -114,36 +115,61 @@ def test_history_matches_jsonl(loaded, cell_runs, sweep_store):
     assert checked >= 5 * STEPS * 4
 
 
+def expected_cells(sweep_store):
+    return [{"cell": c.index, "run_id": c.run_id, "lr": float(c.cfg.train.lr), "params": D.config_params(c.cfg),
+             **c.config_axes} for c in sweep_store.cells]
+
+
+def test_group_keys_of_the_sweep(loaded, sweep_store):
+    """Seeds of one cell configuration share a group key (derived from the params: these runs carry
+    no group_key tag); different configurations never do; FP8 runs carry their granularity."""
+    runs = loaded.runs.set_index("cell")
+    keys = {}
+    for c in sweep_store.cells:
+        if c.index in runs.index:
+            a = c.config_axes
+            keys.setdefault((a["precision"], a["correction"], a["uaq_s"]), set()).add(runs.loc[c.index, "group_key"])
+    assert all(len(v) == 1 for v in keys.values()), keys
+    assert len({next(iter(v)) for v in keys.values()}) == len(keys)
+    assert set(runs.loc[runs["precision"] == "fp8", "fp8_granularity"]) == {"per_channel"}
+    assert set(runs.loc[runs["precision"] != "fp8", "fp8_granularity"]) == {""}
+    assert set(runs["trainer_dtype"]) <= {"bf16", "fp32"} and set(runs["steps"]) == {STEPS}
+
+
 def test_main_table_against_runs(loaded, cell_runs, sweep_store):
-    runs = D.add_missing(loaded.runs, [{"cell": c.index, "run_id": c.run_id, "lr": float(c.cfg.train.lr),
-                                        **c.config_axes} for c in sweep_store.cells])
+    runs = D.add_missing(loaded.runs, expected_cells(sweep_store))
     main = T.main_table(runs)
     # Expected from summary.json (the trainer's own final accuracy), by (precision, method, s).
     groups: dict = {}
     for idx, (c, summary, _) in cell_runs.items():
         a = c.config_axes
-        method = D.method_label(a["correction"], a["aligned_forward"] == "true", a["precision"])
+        method = D.method_label(a["correction"], a["aligned_forward"] == "true")
         groups.setdefault((a["precision"], method, float(a["uaq_s"])), []).append((sweep_store.outcome[idx], summary, a))
     for (prec, method, s), members in groups.items():
         row = main[(main["precision"] == prec) & (main["method"] == method) & (main["uaq_s"] == s)]
         assert len(row) == 1, (prec, method, s)
         row = row.iloc[0]
-        done = [m for m in members if m[0] == "FINISHED"]
+        done = sorted((m for m in members if m[0] == "FINISHED"), key=lambda m: int(m[2]["seed"]))
         vals = [m[1]["final_acc"] * 100 for m in done]
         assert row["n"] == len(vals)
-        assert row["seeds"] == " ".join(sorted(m[2]["seed"] for m in done))
+        assert row["seeds"] == " ".join(m[2]["seed"] for m in done)
+        np.testing.assert_allclose([float(v) for v in row["values"].split()], vals, rtol=1e-9)
         if vals:
             assert row["acc_pct"] == pytest.approx(sum(vals) / len(vals), rel=1e-12)
-            lo, hi = direct_ci(vals) if len(vals) > 1 else (vals[0], vals[0])
-            assert (row["acc_ci_low"], row["acc_ci_high"]) == (pytest.approx(lo, rel=1e-12), pytest.approx(hi, rel=1e-12))
         else:
             assert np.isnan(row["acc_pct"])
+        if len(vals) > 1:  # Student-t at this n, wider than the seeds' range
+            want = stats.t.interval(0.95, len(vals) - 1, loc=np.mean(vals), scale=stats.sem(vals))
+            np.testing.assert_allclose((row["acc_ci_low"], row["acc_ci_high"]), want, rtol=1e-12)
+            assert row["ci_method"] == "t" and row["acc_ci_low"] < min(vals) and row["acc_ci_high"] > max(vals)
+        else:
+            assert np.isnan(row["acc_ci_low"]) and np.isnan(row["acc_ci_high"])
         others = sorted(m[0] for m in members if m[0] != "FINISHED")
         assert row["not_averaged"] == ", ".join(f"{others.count(s_)} {s_}" for s_ in sorted(set(others)))
     # The papers' grid rows nobody ran are there, as missing (n = 0): e.g. FP8 TIS.
     fp8_tis = main[(main["precision"] == "fp8") & (main["method"] == "TIS")]
-    assert len(fp8_tis) == 1 and fp8_tis.iloc[0]["n"] == 0
-    assert "missing" in T.display_main(fp8_tis)["acc % [95% CI]"].iloc[0]
+    assert len(fp8_tis) == 1 and fp8_tis.iloc[0]["n"] == 0 and fp8_tis.iloc[0]["uaq_s"] == 1.0
+    assert "missing" in T.fmt.display_main(fp8_tis)["acc % [95% CI]"].iloc[0]
 
 
 def test_uaq_and_throughput_against_jsonl(loaded, cell_runs, sweep_store):
@@ -168,18 +194,22 @@ def test_uaq_and_throughput_against_jsonl(loaded, cell_runs, sweep_store):
         assert row["setting"] == ("no UAQ (s=1)" if s == 1.0 else "s=1.5")
     # the paper's grid for int8 ACR (two settings ran): s = 2 and the LR controls show as missing
     grid = uaq[(uaq["precision"] == "int8") & (uaq["method"] == "ACR")]
-    assert {"s=2", "LR x1.5 (s=1)", "LR x2 (s=1)"} <= set(grid.loc[grid["n"] == 0, "setting"])
-    # Throughput: tokens/s mean over runs of the mean over RL steps; speed-up over BF16 of the same model.
-    def prec_mean(prec, key):
-        return np.mean([rl_mean(e, key) for (p, _, _), es in per.items() if p == prec for e in es])
+    assert {"s=2", "LR x1.5 (s=1)", "LR x2 (s=1)", "group LR x1.5 (s=1)"} <= set(grid.loc[grid["n"] == 0, "setting"])
+    # Throughput, one row per configuration: tokens/s = mean over seeds of the mean over RL steps;
+    # speed-up over the BF16 row of the same workload (the sweep's bf16 cells).
+    def cfg_mean(key, cfg):
+        return np.mean([rl_mean(e, key) for e in per[cfg]])
 
-    bf16 = prec_mean("bf16", "perf/gen_tokens_per_s")
-    int8 = prec_mean("int8", "perf/gen_tokens_per_s")
-    row = thr[(thr["precision"] == "int8")].iloc[0]
-    assert row["gen_tokens_per_s"] == pytest.approx(int8, rel=1e-9)
-    assert row["speedup"] == pytest.approx(int8 / bf16, rel=1e-9) and row["speedup_ref"] == "bf16"
-    assert row["sync_s"] == pytest.approx(prec_mean("int8", "timing_s/update_weights"), rel=1e-9)
-    assert row["not_averaged"] == "1 RUNNING"
+    bf16 = cfg_mean("perf/gen_tokens_per_s", ("bf16", "acr", 1.5))
+    for cfg in (("int8", "acr", 1.5), ("int8", "tis", 1.5), ("int8", "acr", 1.0)):
+        row = thr[(thr["precision"] == cfg[0]) & (thr["correction"] == cfg[1]) & (thr["uaq_s"] == cfg[2])]
+        assert len(row) == 1, cfg
+        row = row.iloc[0]
+        assert row["n"] == len(per[cfg])
+        assert row["gen_tokens_per_s"] == pytest.approx(cfg_mean("perf/gen_tokens_per_s", cfg), rel=1e-9)
+        assert row["speedup"] == pytest.approx(row["gen_tokens_per_s"] / bf16, rel=1e-9) and row["speedup_ref"] == "bf16"
+        assert row["sync_s"] == pytest.approx(cfg_mean("timing_s/update_weights", cfg), rel=1e-9)
+        assert row["not_averaged"] == ("1 RUNNING" if cfg[1] == "tis" else "")
     fp8 = thr[thr["precision"] == "fp8"].iloc[0]
     assert fp8["n"] == 0 and fp8["not_averaged"] == "1 FAILED" and np.isnan(fp8["gen_tokens_per_s"])
 
@@ -207,13 +237,21 @@ def test_cli_report_on_the_sweep(sweep_store, tmp_path):
     assert sorted(status["status"]) == ["FAILED", "MISSING", "MISSING", "RUNNING"]
     missing_cells = sorted(i for i, o in sweep_store.outcome.items() if o == "MISSING")
     assert sorted(status.loc[status["status"] == "MISSING", "cell"].astype(int)) == missing_cells
+    caption = (out / "tables" / "main.md").read_text()
+    assert "Student-t" in caption and "n < 20" in caption and "percentile bootstrap" in caption
     main = pd.read_csv(out / "tables" / "main.csv")
     fp8 = main[(main["precision"] == "fp8") & (main["method"] == "ACR")].iloc[0]
     assert fp8["n"] == 0 and fp8["not_averaged"] == "1 FAILED, 1 MISSING"
     # Paper and measured are labelled apart in every comparison table.
-    pvm = pd.read_csv(out / "tables" / "paper_vs_main.csv")
-    assert pvm.loc[(pvm["precision"] == "int8") & (pvm["method"] == "ACR"), "paper: QuRL GSM8K (%)"].iloc[0] == 53.55
-    assert any(c.startswith("measured: arith/tiny/grpo") for c in pvm.columns)
+    pvm = pd.read_csv(out / "tables" / "paper_vs_main.csv", keep_default_na=False, na_values=[""])
+    qurl = pvm[(pvm["label"] == "QuRL") & (pvm["precision"] == "int8") & (pvm["algo"] == "unstated")]
+    assert len(qurl) == 1 and qurl.iloc[0]["paper: QuRL GSM8K (%)"] == 53.55
+    # paired with INT8 ACR at UAQ s = 1.5 only (the s = 1 cell ran too), both seeds, each once
+    assert qurl.iloc[0]["uaq_s"] == 1.5 and qurl.iloc[0]["measured: n"] == 2
+    assert qurl.iloc[0]["measured: seeds"] == "0 1"
+    assert qurl.iloc[0]["measured: configuration"].startswith("arith/tiny/grpo int8 ACR s=1.5")
+    # the papers' BF16 is a bf16 rollout with correction naive: the sweep's bf16 cells ran ACR, so no pairing
+    assert (pvm.loc[pvm["label"] == "BF16", "measured: n"] == 0).all()
     # The executed notebook: every code cell ran without error and produced output.
     nb = nbformat.read(out / "report.ipynb", as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from suite.report import data as D
 from suite.report import tables as T
@@ -21,42 +22,60 @@ def frame(rows: list[dict]) -> pd.DataFrame:
             "acc0": math.nan, "kl_first": math.nan, "kl_last": math.nan, "last_step": 10, "visibility": math.nan,
             "step_ratio": math.nan, "gen_tokens_per_s": math.nan, "sync_s": math.nan, "gen_s": math.nan,
             "step_s": math.nan}
-    out = []
-    for i, r in enumerate(rows):
-        row = {**base, "mlflow_run_id": f"r{i}", "run_name": f"r{i}", **r}
-        row["method"] = D.method_label(row["correction"], row["aligned_forward"], row["precision"])
-        out.append(row)
+    out = [{**base, "mlflow_run_id": f"r{i}", "run_name": f"r{i}", **r} for i, r in enumerate(rows)]
     return D.coerce_runs(pd.DataFrame(out))
+
+
+def t_ci(values):
+    x = np.asarray(values, dtype=float)
+    return stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
+
+
+def row_of(df, **match):
+    sel = np.ones(len(df), dtype=bool)
+    for k, v in match.items():
+        sel &= (df[k] == v).to_numpy()
+    assert sel.sum() == 1, (match, df.loc[sel, ["precision", "method", "uaq_s", "steps", "n"]])
+    return df[sel].iloc[0]
 
 
 def test_main_table_hand_computed():
     runs = frame([
-        {"precision": "bf16", "seed": 0, "acc": 0.50},
-        {"precision": "bf16", "correction": "tis", "seed": 1, "acc": 0.70},  # BF16 whatever the correction
+        {"precision": "bf16", "correction": "naive", "uaq_s": 1.0, "seed": 0, "acc": 0.50},
+        {"precision": "bf16", "correction": "naive", "uaq_s": 1.0, "seed": 1, "acc": 0.70},
+        {"precision": "bf16", "correction": "acr", "seed": 0, "acc": 0.90},  # not the papers' BF16 row
         {"precision": "int8", "seed": 0, "acc": 0.40},
         {"precision": "int8", "seed": 1, "acc": 0.60},
         {"precision": "int8", "seed": 2, "acc": 0.90, "status": "FAILED"},  # listed, not averaged
         {"precision": "int8", "seed": 3, "acc": 0.10, "status": "RUNNING"},
-        {"precision": "int8", "seed": 0, "acc": 0.99, "lr": 6e-5},  # an LR control: not in the main table
-        {"precision": "int8", "correction": "tis", "seed": 0, "acc": 0.30},
+        {"precision": "int8", "seed": 0, "acc": 0.99, "lr": 6e-5},  # an LR control: in the UAQ table only
+        {"precision": "int8", "correction": "tis", "uaq_s": 1.0, "seed": 0, "acc": 0.30},
     ])
     main = T.main_table(runs)
-    bf16 = main[main["method"] == "BF16"].iloc[0]
-    assert (bf16["n"], bf16["acc_pct"], bf16["seeds"]) == (2, pytest.approx(60.0), "0 1")
-    assert (bf16["acc_ci_low"], bf16["acc_ci_high"]) == (pytest.approx(50.0), pytest.approx(70.0))
-    acr = main[(main["precision"] == "int8") & (main["method"] == "ACR")].iloc[0]
+    bf16 = row_of(main, precision="bf16", method="naive")
+    assert (bf16["n"], bf16["acc_pct"], bf16["seeds"], bf16["values"]) == (2, pytest.approx(60.0), "0 1", "50 70")
+    np.testing.assert_allclose((bf16["acc_ci_low"], bf16["acc_ci_high"]), t_ci([50.0, 70.0]), rtol=1e-12)
+    assert bf16["ci_method"] == "t"
+    bf16_acr = row_of(main, precision="bf16", method="ACR")
+    assert (bf16_acr["n"], bf16_acr["acc_pct"]) == (1, pytest.approx(90.0))
+    acr = row_of(main, precision="int8", method="ACR")
     assert (acr["n"], acr["acc_pct"], acr["not_averaged"]) == (2, pytest.approx(50.0), "1 FAILED, 1 RUNNING")
-    tis = main[(main["precision"] == "int8") & (main["method"] == "TIS")].iloc[0]
-    assert (tis["n"], tis["acc_pct"]) == (1, pytest.approx(30.0))
-    assert tis["acc_ci_low"] == tis["acc_ci_high"] == pytest.approx(30.0)
-    # the papers' grid: 1 BF16 + INT8/FP8 x naive/TIS/ACR rows, nothing silently dropped
-    assert len(main) == 7
+    tis = row_of(main, precision="int8", method="TIS")
+    assert (tis["n"], tis["acc_pct"], tis["uaq_s"]) == (1, pytest.approx(30.0), 1.0)
+    assert np.isnan(tis["acc_ci_low"]) and np.isnan(tis["acc_ci_high"])  # one seed: no interval
+    # 4 measured rows + the papers' grid rows nobody ran; the LR control is not here
+    assert 99.0 not in set(main["acc_pct"])
     missing = main[main["n"] == 0]
-    assert sorted(zip(missing["precision"], missing["method"])) == [
-        ("fp8", "ACR"), ("fp8", "TIS"), ("fp8", "naive"), ("int8", "naive")]
-    text = T.display_main(main)
+    assert sorted(zip(missing["precision"], missing["fp8_granularity"], missing["method"], missing["uaq_s"])) == [
+        ("fp8", "per_channel", "ACR", 1.5), ("fp8", "per_channel", "TIS", 1.0), ("fp8", "per_channel", "naive", 1.0),
+        ("int8", "", "naive", 1.0)]
+    assert len(main) == 4 + 4
+    text = T.fmt.display_main(main)
     assert (text.loc[missing.index, "acc % [95% CI]"] == "missing").all()
-    assert text.loc[acr.name, "acc % [95% CI]"] == "50.0 [40.0, 60.0]"
+    lo, hi = t_ci([40.0, 60.0])
+    assert text.loc[acr.name, "acc % [95% CI]"] == f"50.0 [{lo:.1f}, {hi:.1f}]"
+    assert text.loc[acr.name, "acc % per seed"] == "0: 40.0, 1: 60.0"
+    assert text.loc[tis.name, "acc % [95% CI]"] == "30.0 (1 seed, no CI)"
 
 
 def test_uaq_table_settings_and_visibility():
@@ -66,6 +85,7 @@ def test_uaq_table_settings_and_visibility():
         {"uaq_s": 1.5, "seed": 0, "acc": 0.50, "visibility": 0.050, "step_ratio": 0.6},
         {"uaq_s": 1.5, "seed": 1, "acc": 0.60, "visibility": 0.070, "step_ratio": 0.8},
         {"uaq_s": 1.0, "seed": 0, "acc": 0.20, "visibility": 0.020, "lr": 6e-5},  # LR x2 control
+        {"uaq_s": 1.0, "seed": 0, "acc": 0.45, "visibility": 0.060, "uaq_group_lr_s": 1.5},  # per-group LR control
         {"precision": "bf16", "acc": 0.9},  # full precision: not in the ablation
     ])
     uaq = T.uaq_table(runs).set_index("setting")
@@ -73,35 +93,48 @@ def test_uaq_table_settings_and_visibility():
     assert uaq.loc["no UAQ (s=1)", "step_ratio"] == pytest.approx(0.3)
     assert uaq.loc["s=1.5", "acc_pct"] == pytest.approx(55.0)
     assert uaq.loc["LR x2 (s=1)", "acc_pct"] == pytest.approx(20.0) and uaq.loc["LR x2 (s=1)", "n"] == 1
-    assert uaq.loc["s=2", "n"] == 0 and uaq.loc["LR x1.5 (s=1)", "n"] == 0 and uaq.loc["s=1.25", "n"] == 0
+    assert uaq.loc["LR x2 (s=1)", "lr_factor"] == 2.0
+    g = uaq.loc["group LR x1.5 (s=1)"]
+    assert (g["acc_pct"], g["uaq_group_lr_s"], g["lr_factor"], g["n"]) == (pytest.approx(45.0), 1.5, 1.0, 1)
+    for missing in ("s=2", "s=1.25", "LR x1.5 (s=1)", "group LR x2 (s=1)"):
+        assert uaq.loc[missing, "n"] == 0, missing
     assert "bf16" not in set(uaq["precision"])
-    pv = T.paper_vs_uaq(T.uaq_table(runs), T.load_paper()["uaq"]).set_index("setting")
-    assert pv.loc["s=2", "paper: QuRL AIME24 avg@32, int8 ACR (%)"] == 29.15
-    assert pv.loc["LR x2 (s=1)", "measured: arith/tiny/grpo/int8/ACR acc (%)"] == pytest.approx(20.0)
+    # the per-group LR control is an ablation control: not a main-table row
+    main = T.main_table(runs)
+    assert 45.0 not in set(main["acc_pct"]) and 20.0 not in set(main["acc_pct"])
 
 
 def test_throughput_and_kl_hand_computed():
     runs = frame([
-        {"precision": "bf16", "gen_tokens_per_s": 100.0, "sync_s": 0.1, "step_s": 2.0, "gen_s": 1.0},
-        {"precision": "bf16", "gen_tokens_per_s": 300.0, "sync_s": 0.3, "step_s": 2.0, "gen_s": 1.0},
+        {"precision": "bf16", "correction": "naive", "uaq_s": 1.0, "seed": 0, "gen_tokens_per_s": 100.0,
+         "sync_s": 0.1, "step_s": 2.0, "gen_s": 1.0},
+        {"precision": "bf16", "correction": "naive", "uaq_s": 1.0, "seed": 1, "gen_tokens_per_s": 300.0,
+         "sync_s": 0.3, "step_s": 2.0, "gen_s": 1.0},
         {"precision": "int8", "gen_tokens_per_s": 250.0, "sync_s": 0.5, "step_s": 1.0, "gen_s": 0.5,
          "kl_first": 0.002, "kl_last": 0.02},
-        {"precision": "int8", "gen_tokens_per_s": 999.0, "status": "KILLED", "kl_first": 1.0, "kl_last": 1.0},
-        {"precision": "fp8", "gen_tokens_per_s": 500.0, "model": "small", "kl_first": -0.001, "kl_last": 0.004},
+        {"precision": "int8", "seed": 1, "gen_tokens_per_s": 999.0, "status": "KILLED", "kl_first": 1.0, "kl_last": 1.0},
+        {"precision": "int8", "steps": 20, "gen_tokens_per_s": 50.0},  # another workload: no bf16 reference
+        {"precision": "fp8", "fp8_granularity": "per_channel", "gen_tokens_per_s": 500.0, "model": "small",
+         "kl_first": -0.001, "kl_last": 0.004},
     ])
-    thr = T.throughput_table(runs).set_index(["model", "precision"])
-    assert thr.loc[("tiny", "int8"), "speedup"] == pytest.approx(250.0 / 200.0)
-    assert thr.loc[("tiny", "int8"), "sync_share_pct"] == pytest.approx(50.0)
-    assert thr.loc[("tiny", "bf16"), "sync_share_pct"] == pytest.approx((5.0 + 15.0) / 2)
-    assert thr.loc[("tiny", "int8"), "not_averaged"] == "1 KILLED"
-    assert np.isnan(thr.loc[("small", "fp8"), "speedup"]) and thr.loc[("small", "fp8"), "speedup_ref"] == ""
+    thr = T.throughput_table(runs)
+    int8 = row_of(thr, model="tiny", precision="int8", steps=10)
+    assert int8["speedup"] == pytest.approx(250.0 / 200.0) and int8["speedup_ref"] == "bf16"
+    assert int8["sync_share_pct"] == pytest.approx(50.0)
+    assert int8["not_averaged"] == "1 KILLED"
+    bf16 = row_of(thr, model="tiny", precision="bf16")
+    assert int8["speedup_ref_key"] == bf16["group_key"]
+    assert bf16["sync_share_pct"] == pytest.approx((5.0 + 15.0) / 2) and bf16["values"] == "100 300"
+    assert np.isnan(row_of(thr, precision="int8", steps=20)["speedup"])
+    fp8 = row_of(thr, model="small", precision="fp8")
+    assert np.isnan(fp8["speedup"]) and fp8["speedup_ref"] == ""
     kl = T.kl_table(runs)
-    int8 = kl[kl["precision"] == "int8"].iloc[0]
-    assert int8["kl_growth"] == pytest.approx(10.0) and int8["n"] == 1
-    assert np.isnan(kl[kl["precision"] == "fp8"].iloc[0]["kl_growth"])  # negative k1 start: no ratio
-    pvt = T.paper_vs_throughput(T.throughput_table(runs), T.load_paper()["throughput"])
-    measured = pvt[pvt["source"].str.startswith("measured")].iloc[0]
-    assert measured["speedup_pct_low"] == pytest.approx(25.0)
+    k = row_of(kl, precision="int8", steps=10)
+    assert k["kl_growth"] == pytest.approx(10.0) and k["n"] == 1
+    assert np.isnan(row_of(kl, precision="fp8")["kl_growth"])  # negative k1 start: no ratio
+    pvt = T.paper_vs_throughput(thr, T.load_paper()["throughput"])
+    measured = pvt[pvt["source"].str.startswith("measured")]
+    assert measured["speedup_pct_low"].tolist() == [pytest.approx(25.0)]
     assert set(pvt.loc[pvt["source"].str.startswith("paper"), "model"]) == {"7B", "32B"}
 
 
@@ -110,39 +143,29 @@ def test_missing_cells_from_expected_list():
     expected = [{"cell": 0, "run_id": "a", "precision": "int8", "correction": "acr", "uaq_s": "1.5", "seed": "0",
                  "task": "arith", "model": "tiny", "algo": "grpo", "aligned_forward": "false", "backend": "embedded"},
                 {"cell": 1, "run_id": "b", "precision": "int8", "correction": "acr", "uaq_s": "1.5", "seed": "1",
-                 "task": "arith", "model": "tiny", "algo": "grpo", "aligned_forward": "false", "backend": "embedded"}]
+                 "task": "arith", "model": "tiny", "algo": "grpo", "aligned_forward": "false", "backend": "embedded",
+                 "lr": 3e-5, "steps": 10, "trainer_dtype": "fp32"}]
     full = D.add_missing(runs, expected)
     assert list(full["status"]) == ["FINISHED", "MISSING"] and full.loc[1, "seed"] == 1
     st = T.run_status(full)
-    assert list(st["status"]) == ["MISSING"] and st.loc[0, "cell"] == 1
+    assert list(st["status"]) == ["MISSING"] and st.loc[0, "cell"] == 1 and "no MLflow run" in st.loc[0, "reason"]
     main = T.main_table(full)
-    acr = main[(main["precision"] == "int8") & (main["method"] == "ACR")].iloc[0]
+    acr = row_of(main, precision="int8", method="ACR")
     assert (acr["n"], acr["not_averaged"]) == (1, "1 MISSING")
 
 
-def test_paper_values_are_data_with_sources():
-    paper = T.load_paper()
-    main = paper["main"]
-    assert main["source"].str.len().min() > 10
-    row = main[(main["benchmark"] == "GSM8K") & (main["precision"] == "int8") & (main["method"] == "TIS")]
-    assert row["value"].tolist() == [51.40]
-    assert paper["kl"].iloc[0][["kl_start", "kl_end", "steps"]].tolist() == [0.002, 0.025, 1000]
-
-
 def test_a_configuration_finished_twice_counts_once():
-    from mlflow.entities import Run, RunData as MRunData, RunInfo, RunTag
+    from mlflow.entities import Metric, Run, RunData as MRunData, RunInfo, RunTag
 
     def run(rid, end, acc):
         info = RunInfo(run_id=rid, experiment_id="1", user_id="u", status="FINISHED", start_time=end - 10,
                        end_time=end, lifecycle_stage="active", run_name=rid)
         tags = [RunTag("run_id", "grpo-int8-acr-s1.5-arith-seed0-abc"), RunTag("precision", "int8"),
                 RunTag("correction", "acr"), RunTag("uaq_s", "1.5"), RunTag("seed", "0"), RunTag("task", "arith")]
-        from mlflow.entities import Metric
-
         return Run(info, MRunData(metrics=[Metric(D.acc_key("arith"), acc, end, 2)], tags=tags))
 
     df = D.runs_frame([run("new", 2000, 0.75), run("old", 1000, 0.25)])
     assert dict(zip(df["mlflow_run_id"], df["status"])) == {"new": "FINISHED", "old": D.SUPERSEDED}
     main = T.main_table(df)
-    row = main[(main["precision"] == "int8") & (main["method"] == "ACR")].iloc[0]
+    row = row_of(main, precision="int8", method="ACR")
     assert (row["n"], row["acc_pct"], row["not_averaged"]) == (1, 75.0, f"1 {D.SUPERSEDED}")

@@ -106,12 +106,22 @@ def test_shipped_experiments_have_the_issue_axes():
     assert {c.cfg.correction.mode for c in mt.cells} == {"naive", "tis", "acr"}
     assert {c.cfg.algo.name for c in mt.cells} == {"grpo", "dapo", "ppo"}
     uaq = by["ablation_uaq"]
-    assert {(c.cfg.uaq.s, c.cfg.train.lr) for c in uaq.cells} == {
-        (1.0, 3e-5), (1.25, 3e-5), (1.5, 3e-5), (2.0, 3e-5), (1.0, 4.5e-5), (1.0, 6e-5)}
+    assert {(c.cfg.uaq.s, c.cfg.train.lr, c.cfg.uaq.group_lr_s) for c in uaq.cells} == {
+        (1.0, 3e-5, 1.0), (1.25, 3e-5, 1.0), (1.5, 3e-5, 1.0), (2.0, 3e-5, 1.0), (1.0, 4.5e-5, 1.0), (1.0, 6e-5, 1.0),
+        (1.0, 3e-5, 1.5)}
+    assert len(uaq.cells) == 21
+    assert {c.cfg.correction.mode for c in by["ablation_acr"].cells} == {"naive", "bypass", "tis", "acr"}
+    assert {c.cfg.quant.precision for c in by["kl_drift"].cells} == {"bf16", "int8", "fp8", "w4a16"}
     q = by["qarl_tbpo"]
     assert {(c.cfg.quant.precision, c.cfg.correction.mode, c.cfg.correction.aligned_forward) for c in q.cells} == {
         ("w4a16", "naive", False), ("w4a16", "naive", True), ("w4a16", "tbpo", False), ("w4a16", "tbpo", True),
-        ("bf16", "naive", False)}
+        ("bf16", "naive", False), ("bf16", "tbpo", False)}
+    schemes = by["qarl_schemes"]
+    assert {(c.cfg.quant.precision, c.cfg.correction.mode, c.cfg.correction.aligned_forward) for c in schemes.cells} == {
+        ("int8", "tbpo", True), ("fp8", "tbpo", True), ("w4a16", "tbpo", True), ("bf16", "tbpo", False)}
+    tp = by["qarl_throughput"]
+    assert {(c.cfg.correction.mode, c.cfg.correction.aligned_forward) for c in tp.cells} == {
+        ("naive", False), ("naive", True), ("tbpo", False), ("tbpo", True)}
 
 
 # --------------------------------------------------------------------------- 100 malformed inputs

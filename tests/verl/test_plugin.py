@@ -14,9 +14,10 @@ pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl
 pytestmark = pytest.mark.verl
 
 from suite.core.losses import policy_loss  # noqa: E402
+from suite.core.metrics import mismatch_ratio_metrics, policy_ratio_metrics  # noqa: E402
 from suite.verl.translate import NEVER_TRUNCATE, loss_env  # noqa: E402
 
-MODES = {"suite_naive": "naive", "acr": "acr", "tbpo": "tbpo"}
+MODES = {"acr": "acr", "tbpo": "tbpo"}  # verl registry name -> suite.core.losses mode
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +34,14 @@ def verl_api():
 def loss_env_vars(monkeypatch):
     from suite.config import compose_config
 
-    cfg = compose_config(["correction.tis_cap=1.5", "correction.tbpo_delta_pos=0.01",
-                          "correction.tbpo_delta_neg_low=0.01", "correction.tbpo_delta_neg_high=0.03"])
-    env = loss_env(cfg)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
+    import json
+
+    params = {}
+    for mode in MODES.values():  # the translator's JSON for each plugin mode, merged: one env serves both
+        cfg = compose_config([f"correction={mode}", "correction.tis_cap=1.5", "correction.tbpo_delta_pos=0.01",
+                              "correction.tbpo_delta_neg_low=0.01", "correction.tbpo_delta_neg_high=0.03"])
+        params.update(json.loads(loss_env(cfg)["SUITE_LOSS_PARAMS"]))
+    monkeypatch.setenv("SUITE_LOSS_PARAMS", json.dumps(params))
     return cfg
 
 
@@ -60,7 +64,10 @@ def _actor_config(FSDPActorConfig, clip_c: float, agg: str):
 
 
 def test_registered_after_import_verl(verl_api):
+    from suite.verl.plugin import plugin_modes
+
     registry, *_ = verl_api
+    assert plugin_modes() == tuple(MODES)  # derived from the correction registry
     for name in MODES:
         assert name in registry, f"{name} missing from verl's POLICY_LOSS_REGISTRY: {sorted(registry)}"
 
@@ -88,9 +95,19 @@ def test_registry_equals_core_losses(verl_api, loss_env_vars, verl_name, agg, se
     (ref_grad,) = torch.autograd.grad(ref, logp2)
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(grad, ref_grad)
-    assert stats.keys() == ref_stats.keys()
-    for k in ref_stats:
-        assert stats[k] == pytest.approx(ref_stats[k], rel=1e-9, abs=1e-12), k
+    # the loss's stats, plus the r and R token quantiles over the same valid tokens
+    ratio_stats = {**mismatch_ratio_metrics(prox, behav, mask), **policy_ratio_metrics(logp, prox, mask)}
+    assert stats.keys() == ref_stats.keys() | ratio_stats.keys()
+    for k, v in {**ref_stats, **ratio_stats}.items():
+        assert stats[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+    valid = mask.bool()
+    r_valid = torch.exp(prox - behav)[valid]  # independent reference: torch.quantile on the valid tokens
+    for name, q in (("p1", 0.01), ("p50", 0.5), ("p99", 0.99)):
+        assert stats[f"rollout_corr/ratio_{name}"] == pytest.approx(float(torch.quantile(r_valid, q)), rel=1e-9), name
+        R_valid = torch.exp(logp.detach() - prox)[valid]
+        assert stats[f"actor/ratio_{name}"] == pytest.approx(float(torch.quantile(R_valid, q)), rel=1e-9), name
+    assert stats["rollout_corr/ratio_frac_above_2"] == pytest.approx(float((r_valid > 2).double().mean()), rel=1e-12)
+    assert stats["rollout_corr/ratio_frac_below_0.5"] == pytest.approx(float((r_valid < 0.5).double().mean()), rel=1e-12)
     # the batch exercises the modes: clipping and (for acr) both sides of r = 1 occur
     assert ref_stats["actor/pg_clipfrac"] > 0
     if verl_name == "acr":
@@ -130,6 +147,42 @@ def test_missing_weights_or_env_is_a_clear_error(verl_api, monkeypatch):
     actor = _actor_config(FSDPActorConfig, 3.0, "token-mean")
     with pytest.raises(RuntimeError, match="rollout_is=token"):
         get_fn("acr")(prox, logp, adv, mask, config=actor, rollout_is_weights=None)
-    monkeypatch.delenv("SUITE_TIS_CAP", raising=False)
-    with pytest.raises(RuntimeError, match="SUITE_TIS_CAP"):
+    monkeypatch.delenv("SUITE_LOSS_PARAMS", raising=False)
+    with pytest.raises(RuntimeError, match="SUITE_LOSS_PARAMS"):
         get_fn("acr")(prox, logp, adv, mask, config=actor, rollout_is_weights=torch.ones_like(prox))
+    monkeypatch.setenv("SUITE_LOSS_PARAMS", '{"tbpo_seq_cap": 2.0}')
+    with pytest.raises(RuntimeError, match="lacks tis_cap"):
+        get_fn("acr")(prox, logp, adv, mask, config=actor, rollout_is_weights=torch.ones_like(prox))
+
+
+def test_naive_translation_is_verl_vanilla_without_weights(verl_api):
+    """correction=naive runs verl's stock vanilla loss on the recomputed old log-probs (pi_prox), no
+    rollout IS weight: equal to the core's naive, which ignores pi_behav."""
+    _, get_fn, _, FSDPActorConfig = verl_api
+    logp, prox, behav, adv, mask = _batch(6)
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        actor = _actor_config(FSDPActorConfig, 3.0, agg)
+        theirs, _ = get_fn("vanilla")(prox, logp, adv, mask, loss_agg_mode=agg, config=actor, rollout_is_weights=None)
+        ours, _ = policy_loss(logp, prox, behav, adv, mask, mode="naive", clip_low=0.2, clip_high=0.28, dual_clip=3.0,
+                              agg=agg)
+        torch.testing.assert_close(ours, theirs.to(ours.dtype), rtol=1e-6, atol=1e-12)  # verl adds 1e-8 to seq lengths
+
+
+def test_bypass_translation_is_verl_bypass_mode(verl_api):
+    """correction=bypass runs verl's bypass mode (old log-prob := rollout log-prob, PPO clip): verl's
+    own compute_policy_loss_bypass_mode on pi_behav equals the core's bypass."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.workers.config.actor import PolicyLossConfig
+
+    _, get_fn, _, FSDPActorConfig = verl_api
+    logp, prox, behav, adv, mask = _batch(7)
+    rc = RolloutCorrectionConfig(rollout_is=None, bypass_mode=True, loss_type="ppo_clip")
+    actor = FSDPActorConfig(strategy="fsdp", rollout_n=4, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=1,
+                            clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode="token-mean",
+                            policy_loss=PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=rc))
+    theirs, _ = get_fn("bypass_mode")(behav, logp, adv, mask, loss_agg_mode="token-mean", config=actor,
+                                      rollout_is_weights=None)
+    ours, _ = policy_loss(logp, prox, behav, adv, mask, mode="bypass", clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    torch.testing.assert_close(ours, theirs.to(ours.dtype))
+    naive, _ = policy_loss(logp, prox, behav, adv, mask, mode="naive", clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    assert not torch.allclose(naive, ours)  # the batch tells the two anchors apart

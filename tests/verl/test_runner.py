@@ -99,7 +99,7 @@ def test_run_single_node_end_to_end(verl_cfg, tmp_path):
     assert uaq_meta["s"] == 1.5 and uaq_meta["max_rel_logit_diff"] < 1e-5
     # the MLflow run verl logged into carries the axes, the sweep tag and the parent
     env = seen["env"]
-    assert env["SUITE_TIS_CAP"] == "2.0" and env["MLFLOW_TRACKING_URI"] == uri
+    assert json.loads(env["SUITE_LOSS_PARAMS"]) == {"tis_cap": 2.0} and env["MLFLOW_TRACKING_URI"] == uri
     info = MlflowClient(uri).get_run(env["MLFLOW_RUN_ID"])
     tags = info.data.tags
     assert tags["mlflow.parentRunId"] == parent and tags["sweep"] == "verltest"
