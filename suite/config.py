@@ -121,7 +121,7 @@ class CorrectionConfig:
     tbpo_delta_neg_low: float = TBPO_DELTA_NEG_LOW  # TBPO: negative-advantage band lower edge 1 - delta_neg_low
     tbpo_delta_neg_high: float = TBPO_DELTA_NEG_HIGH  # TBPO: negative-advantage band upper edge 1 + delta_neg_high
     tbpo_seq_cap: float = TBPO_SEQ_CAP  # TBPO: cap of the sequence-level IS weight w_seq
-    aligned_forward: bool = False  # QaRL: trainer forward uses the rollout quantizer (fake-quant, STE)
+    aligned_forward: bool = False  # QaRL: trainer forward uses the rollout quantizer (fake-quant, STE; W8A8 for int8/fp8)
 
 
 @dataclass

@@ -40,6 +40,8 @@ INT8_QMAX = 127  # symmetric: the -128 code is unused so that the grid is symmet
 FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn: 1.75 * 2**8
 _FP8_MANT_BITS = 3
 _FP8_MIN_NORMAL_EXP = -6  # 2**-6 is the smallest normal E4M3 value; below it spacing is 2**-9
+# Precisions whose rollout also quantizes the activations (per token, dynamically): W8A8.
+W8A8_PRECISIONS = ("int8", "fp8")
 W4_SYM_QMIN, W4_SYM_QMAX = -8, 7
 W4_ASYM_QMAX = 15
 
@@ -425,6 +427,59 @@ def fake_quant(
     return q
 
 
+def fake_quant_act(
+    x: torch.Tensor,
+    scheme: QuantScheme,
+    ste: bool = False,
+    *,
+    group_size: int | None = None,
+    name: str | None = None,
+) -> torch.Tensor:
+    """Dynamic per-token activation fake-quant of a W8A8 rollout, in ``x``'s dtype.
+
+    What the rollout's int8 / fp8 linears do to their input (QuRL W8A8, arXiv 2602.13953
+    Sec. 3; suite.embedded.engine ``Int8Linear`` / ``Fp8Linear``), so that QaRL's rollout-aligned
+    forward (arXiv 2604.07853) can apply it too: each token (a row along the last axis, the
+    features) gets its own scale, computed on the fly in float32 from ``x.float()`` as the
+    engine and vLLM's quant kernels do.
+
+    - "int8": ``s = max |x| / 127``, ``codes = clamp(round(x / s), -127, 127)``, value ``codes * s``
+      (:func:`quantize_int8_per_token`).
+    - "fp8": ``s = max |x| / 448``, value ``e4m3(clamp(x / s, +-448)) * s`` (:func:`quantize_fp8`
+      "per_channel" on the rows).
+    - "fp32", "bf16", "w4a16": 16-bit (or full) activations: ``x`` itself, unchanged.
+
+    ``group_size``: None = one scale per token; an int g = one scale per token and per group
+    of g consecutive features (vLLM's block-FP8 linear quantizes activations in 1 x 128 groups
+    matching its 128 x 128 weight blocks). ``ste=True``: straight-through estimator, value the
+    fake-quantized ``x``, gradient the identity (as :func:`fake_quant`); otherwise detached.
+    x [..., K] -> [..., K].
+    """
+    p = scheme.precision
+    if p not in W8A8_PRECISIONS or x.numel() == 0:
+        return x
+    with torch.no_grad():
+        xd = x.detach()
+        k = xd.shape[-1]
+        rows = xd.reshape(-1, k).float()  # [M, K] float32, as the engine's x.float()
+        m = rows.shape[0]
+        if group_size is not None:
+            g = _group_len(group_size, k)
+            rows = _pad_last(rows, g).reshape(-1, g)  # [M * G, g]; zero padding leaves amax as it is
+        if p == "int8":
+            codes, scales = _int8_core(rows, name)  # [rows, g or K], [rows, 1]
+            q = codes.mul_(scales)
+        else:
+            codes, scales = _fp8_core(rows, "per_channel", 1, name)  # one scale per row
+            q = codes.to(torch.float32).mul_(scales)
+        if group_size is not None:
+            q = _ungroup(q.reshape(m, -(-k // g), g), k)  # [M, G, g] -> [M, K]
+        q = q.reshape(xd.shape).to(x.dtype)  # [..., K]
+    if ste and x.requires_grad:
+        return q + (x - x.detach())  # value exactly q, d/dx = 1
+    return q
+
+
 def _float_spacing(y: torch.Tensor, mant_bits: int, min_normal_exp: int) -> torch.Tensor:
     """Gap between consecutive values of a binary float format at |y| (y float32/float64).
 
@@ -485,10 +540,12 @@ __all__ = [
     "FP8_E4M3_MAX",
     "FP8_GRANULARITIES",
     "PRECISIONS",
+    "W8A8_PRECISIONS",
     "QTensor",
     "QuantScheme",
     "dequantize",
     "fake_quant",
+    "fake_quant_act",
     "quant_step",
     "quantize",
     "quantize_fp8",

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,7 @@ from suite.core.metrics import (
     policy_ratio_metrics,
     rollout_corr_metrics,
 )
-from suite.core.quant import QuantScheme, fake_quant
+from suite.core.quant import W8A8_PRECISIONS, QuantScheme, fake_quant, fake_quant_act
 from suite.core.uaq import apply_uaq, uaq_param_groups
 from suite.embedded.batch import pad_right, repad
 from suite.embedded.engine import RolloutEngine
@@ -121,6 +122,26 @@ def quantized_weight_names(model: Transformer) -> list[str]:
         for name, mod in model.named_modules()
         if isinstance(mod, torch.nn.Linear) and name.startswith("layers.")
     ]
+
+
+@contextmanager
+def _act_quant_hooks(model: Transformer, qnames: list[str], scheme: QuantScheme):
+    """While open, every block linear of ``model`` fake-quantizes its input per token (STE), as
+    the W8A8 rollout's Int8Linear / Fp8Linear do: QaRL's aligned forward for int8 / fp8 is
+    W8A8, not weight-only. Other precisions keep 16-bit activations: no hooks."""
+    if scheme.precision not in W8A8_PRECISIONS:
+        yield
+        return
+
+    def hook(_mod, args):
+        return (fake_quant_act(args[0], scheme, ste=True), *args[1:])
+
+    handles = [model.get_submodule(n.removesuffix(".weight")).register_forward_pre_hook(hook) for n in qnames]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 class EmbeddedRun:
@@ -231,10 +252,13 @@ class EmbeddedRun:
 
     # ---------------------------------------------------------------- pieces
     def _logprobs(self, model: Transformer, b: Batch, *, with_entropy: bool = False, aligned: bool = False):
-        """log pi(token) under the trainer's forward (bf16 autocast like verl's FSDP mixed precision;
-        with QaRL's aligned forward the block weights are fake-quantized with an STE)."""
+        """log pi(token) under the trainer's forward (bf16 autocast like verl's FSDP mixed precision).
+
+        With QaRL's aligned forward the block linears compute as the rollout's: weights
+        fake-quantized, and for int8 / fp8 (W8A8) their inputs too, per token; STE gradients."""
         temperature = self.cfg.rollout.temperature
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            fn, act_hooks = model, nullcontext()
             if aligned:
                 params = dict(model.named_parameters())
                 for name in self.qnames:
@@ -242,9 +266,11 @@ class EmbeddedRun:
 
                 def fn(*args, **kwargs):  # response_logprobs only calls model(...)
                     return torch.func.functional_call(model, params, args, kwargs)
-            else:
-                fn = model
-            logp, ent = response_logprobs(fn, b.tokens, b.attention_mask, b.start, temperature, with_entropy=with_entropy)
+
+                act_hooks = _act_quant_hooks(model, self.qnames, self.scheme)
+            with act_hooks:
+                logp, ent = response_logprobs(fn, b.tokens, b.attention_mask, b.start, temperature,
+                                              with_entropy=with_entropy)
         return logp.float(), (ent.float() if ent is not None else None)
 
     def _generate(self, prompts: list, n_round: int) -> Batch:

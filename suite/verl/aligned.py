@@ -3,17 +3,21 @@
 The embedded trainer (suite.embedded.trainer ``_logprobs(aligned=True)``) computes the actor's
 log-probs -- the update's pi_theta and the recomputed pi_prox -- with every block linear weight
 fake-quantized by the rollout's own quantizer and a straight-through estimator
-(``suite.core.quant.fake_quant(w, scheme, ste=True)``). This module does the same in verl 0.9.1
-without forking it:
+(``suite.core.quant.fake_quant(w, scheme, ste=True)``), and for int8 / fp8 its input too, per
+token (``fake_quant_act``). This module does the same in verl 0.9.1 without forking it:
 
 - :func:`apply_aligned_forward` turns each block linear of a Hugging Face model
   (``q/k/v/o_proj``, ``gate/up/down_proj``: exactly the layers the rollout quantizes,
   suite.verl.int8_hook ``is_quantized_linear``) into an :class:`AlignedLinear`: the same module
   and parameters (its class is swapped, so parameter names, the optimizer state, FSDP sharding
   and the weight sync to vLLM are unchanged), whose forward is
-  ``F.linear(x, fake_quant(weight, scheme, ste=True), bias)``. Under FSDP the forward sees the
-  unsharded weight in the mixed-precision ``param_dtype`` (bf16): the same bf16 weights that
-  verl syncs to vLLM and that the rollout quantizes, so both sides quantize the same numbers.
+  ``F.linear(fake_quant_act(x, scheme, ste=True), fake_quant(weight, scheme, ste=True), bias)``:
+  W8A8 for int8 / fp8, whose rollout also quantizes each token's activations (per token for
+  INT8; per token and 128-wide group for verl's block FP8, as vLLM does), weight-only for
+  bf16 / w4a16 (16-bit activations: ``fake_quant_act`` is the identity). Under FSDP the
+  forward sees the unsharded weight in the mixed-precision ``param_dtype`` (bf16): the same
+  bf16 weights that verl syncs to vLLM and that the rollout quantizes, so both sides quantize
+  the same numbers.
   Embeddings, norms and ``lm_head`` stay as they are (the rollout keeps them in bf16).
 - :func:`install` (called by the plugin, suite.verl.plugin, when ``SUITE_ALIGNED_FORWARD`` is set
   in a worker's environment) replaces verl's FSDP language-model engines in
@@ -25,9 +29,10 @@ without forking it:
   (forward-only) and the critic (value model) keep the plain forward, as in the embedded backend.
 
 The scheme travels as one string (:func:`scheme_spec` / :func:`parse_spec`): ``bf16``,
-``int8`` (per-output-channel, as the INT8 rollout), ``w4a16:<group_size>:<sym|asym>`` and
-``fp8:block:<block>`` (verl's native FP8 rollout quantizes 128x128 blocks whatever
-``quant.fp8_granularity`` says; the aligned forward follows the rollout).
+``int8`` (per-output-channel weights and per-token activations, as the INT8 rollout),
+``w4a16:<group_size>:<sym|asym>`` and ``fp8:block:<block>`` (verl's native FP8 rollout
+quantizes 128x128 weight blocks and 1x128 activation groups whatever ``quant.fp8_granularity``
+says; the aligned forward follows the rollout).
 
 verl's own QAT (``actor.qat``) is NVFP4 (W4A4 / W4A16 with FP4 E2M1 codes): a different grid
 from the rollouts the suite runs, so it is not used here.
@@ -43,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from suite.config import VERL_ALIGNED_STRATEGIES
-from suite.core.quant import QuantScheme, fake_quant
+from suite.core.quant import QuantScheme, fake_quant, fake_quant_act
 from suite.verl.int8_hook import QUANTIZED_LINEARS
 
 log = logging.getLogger(__name__)
@@ -81,7 +86,8 @@ def parse_spec(spec: str) -> QuantScheme:
 
 
 class AlignedLinear(nn.Linear):
-    """An ``nn.Linear`` whose forward uses the rollout-quantized weight (STE gradient).
+    """An ``nn.Linear`` whose forward uses the rollout-quantized weight, and for int8 / fp8 the
+    rollout-quantized input (STE gradients).
 
     Made by swapping the class of an existing ``nn.Linear`` (:func:`apply_aligned_forward`); the
     scheme is an attribute, the parameters are untouched (``state_dict`` keeps the full-precision
@@ -91,7 +97,13 @@ class AlignedLinear(nn.Linear):
     suite_scheme: QuantScheme
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, fake_quant(self.weight, self.suite_scheme, ste=True), self.bias)
+        s = self.suite_scheme
+        # int8 / fp8 rollouts are W8A8: vLLM quantizes each token's input dynamically
+        # (compressed-tensors W8A8 INT8: one scale per token; block FP8: one per token and per
+        # 1 x block group, its W8A8BlockFp8LinearOp). bf16 / w4a16: x passes unchanged.
+        group = s.block_size if s.precision == "fp8" and s.fp8_granularity == "block" else None
+        x = fake_quant_act(x, s, ste=True, group_size=group)
+        return F.linear(x, fake_quant(self.weight, s, ste=True), self.bias)
 
 
 def apply_aligned_forward(model: nn.Module, scheme: QuantScheme) -> list[str]:

@@ -12,6 +12,7 @@ from suite.core.quant import (
     QuantScheme,
     dequantize,
     fake_quant,
+    fake_quant_act,
     quant_step,
     quantize,
     quantize_fp8,
@@ -225,6 +226,81 @@ def test_ste_forward_exact_gradient_identity(scheme: QuantScheme) -> None:
     assert torch.equal(w.grad, c)
     if scheme.precision != "fp32":
         assert not fake_quant(w, scheme, ste=False).requires_grad
+
+
+# ----------------------------------------------------------------------------- activations (W8A8)
+
+
+def _tokens(dtype=torch.float32) -> torch.Tensor:
+    """[2, 3, 40] activations whose tokens span six orders of magnitude, with an outlier and a
+    zero token: per-token scales must differ, and a per-tensor scale would show."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 3, 40, generator=g) * torch.logspace(-3, 3, 6).reshape(2, 3, 1)
+    x[0, 1, 7] *= 40.0
+    x[1, 2] = 0.0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_act_fake_quant_int8_is_the_per_token_quantizer(dtype) -> None:
+    x = _tokens(dtype)
+    out = fake_quant_act(x, QuantScheme("int8"))
+    # the rollout's INT8 activations: float32 codes * scales of x.float(), one scale per token
+    codes, scales = quantize_int8_per_token(x.reshape(6, 40).float())  # [6, 40], [6, 1]
+    assert out.dtype == dtype and out.shape == x.shape
+    assert torch.equal(out, (codes.float() * scales).reshape(2, 3, 40).to(dtype))
+    # per token, not per tensor: a small token keeps its own resolution
+    rel = ((out.float() - x.float()).abs().amax(-1) / x.float().abs().amax(-1).clamp_min(1e-30)).flatten()
+    assert rel[:5].max() <= 0.5 / 127 + 2.0**-8  # half a step (+ bf16 rounding of the output)
+    assert torch.equal(out[1, 2], torch.zeros(40, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_act_fake_quant_fp8_is_the_per_token_quantizer(dtype) -> None:
+    x = _tokens(dtype)
+    out = fake_quant_act(x, QuantScheme("fp8", "block", block_size=16))  # the weights' layout is irrelevant
+    codes, scales = quantize_fp8(x.reshape(6, 40).float(), "per_channel")  # rows of [M, K] = tokens
+    assert out.dtype == dtype
+    assert torch.equal(out, (codes.float() * scales).reshape(2, 3, 40).to(dtype))
+    assert torch.equal(out[1, 2], torch.zeros(40, dtype=dtype))
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_act_fake_quant_groups_along_features(precision) -> None:
+    """group_size g: one scale per token and per g features (vLLM's 1 x 128 block-FP8
+    activations), the last group short -- as quantizing each slice on its own."""
+    x = _tokens()
+    scheme = QuantScheme(precision)
+    out = fake_quant_act(x, scheme, group_size=16)
+    for lo in (0, 16, 32):  # 40 features: groups of 16, 16 and 8
+        part = x[..., lo : lo + 16]
+        assert torch.equal(out[..., lo : lo + 16], fake_quant_act(part, scheme)), lo
+    assert not torch.equal(out, fake_quant_act(x, scheme))
+    assert torch.equal(fake_quant_act(x, scheme, group_size=64), fake_quant_act(x, scheme))  # one group
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "w4a16"])
+def test_act_fake_quant_keeps_16_bit_activations(precision) -> None:
+    x = _tokens().requires_grad_(True)
+    assert fake_quant_act(x, QuantScheme(precision), ste=True) is x
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_act_fake_quant_ste_gradient_identity(precision) -> None:
+    x = _tokens().requires_grad_(True)
+    y = fake_quant_act(x, QuantScheme(precision), ste=True, group_size=16)
+    assert torch.equal(y.detach(), fake_quant_act(x.detach(), QuantScheme(precision), group_size=16))
+    c = torch.randn(2, 3, 40, generator=torch.Generator().manual_seed(2))
+    (y * c).sum().backward()
+    assert torch.equal(x.grad, c)
+    assert not fake_quant_act(x, QuantScheme(precision)).requires_grad  # without STE: detached
+
+
+def test_act_fake_quant_non_finite_raises() -> None:
+    x = _tokens()
+    x[1, 0, 3] = float("nan")
+    with pytest.raises(ValueError, match="q_proj input"):
+        fake_quant_act(x, QuantScheme("int8"), name="q_proj input")
 
 
 # ----------------------------------------------------------------------------- properties

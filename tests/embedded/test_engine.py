@@ -7,7 +7,13 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from suite.core.quant import QuantScheme, fake_quant, quantize_int8_per_channel, quantize_int8_per_token
+from suite.core.quant import (
+    QuantScheme,
+    fake_quant,
+    fake_quant_act,
+    quantize_int8_per_channel,
+    quantize_int8_per_token,
+)
 from suite.embedded.engine import Int8Linear, Rollout, RolloutEngine, SharedActQuant, _DecodeState
 from _prompts import left_padded, rand_prompts
 from suite.embedded.model import PRESETS, KVCache, ModelConfig, Transformer, response_logprobs
@@ -86,6 +92,26 @@ def test_fp8_activations_are_quantized_per_token(model):
     w = fake_quant(model.layers[0].attn.wq.weight.detach(), QuantScheme("fp8"))
     assert_close(lin(x), F.linear(fake_quant(x, per_token), w))
     lin.act_quant.clear()
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+@pytest.mark.parametrize("kernels", ["native", "emulated"])
+def test_aligned_act_fake_quant_equals_the_engines_activations(model, precision, kernels):
+    """suite.core.quant.fake_quant_act (the trainer's aligned forward) gives, bit for bit, the
+    activation values the engine's W8A8 linears multiply: dequantized codes * per-token scales."""
+    e = RolloutEngine(model, QuantScheme(precision), kernels=kernels)
+    aq = e.model.layers[0].attn.wq.act_quant
+    x = torch.randn(3, 5, model.cfg.d_model) * torch.logspace(-3, 3, 5)[:, None]  # [3, 5, D]
+    for xin in (x, x.to(torch.bfloat16)):  # the engine's own activations are bf16
+        got = aq(xin)
+        aq.clear()
+        if isinstance(got, tuple):  # int8 codes / native fp8 codes, and their per-token scales
+            codes, scales = got
+            assert scales.shape == (15, 1)
+            got = codes.float() * scales  # [15, D]
+        want = fake_quant_act(xin, QuantScheme(precision))  # [3, 5, D], in xin's dtype
+        # float32 in: the engine's float32 values themselves; bf16 in: those values rounded to bf16
+        assert want.dtype == xin.dtype and torch.equal(want, got.view(3, 5, -1).to(xin.dtype))
 
 
 # ----------------------------------------------------------------------------- numerics vs fp32

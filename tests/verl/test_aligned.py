@@ -1,7 +1,8 @@
 """QaRL's rollout-aligned forward in verl's FSDP actor (suite.verl.aligned), on CPU.
 
 The aligned forward is checked on the tiny Qwen2 checkpoint against an independent path (a copy
-of the model whose weights were replaced by their fake-quantized values), FP8 against verl's
+of the model whose weights were replaced by their fake-quantized values and, for the W8A8 int8 /
+fp8 rollouts, whose block-linear inputs are quantized per token by hooks), FP8 against verl's
 own blockwise FP8 quantizer, and the engine swap against verl's real ``EngineRegistry``,
 ``FSDPEngine._build_module`` and ``apply_fsdp2`` (FSDP2 on a one-process CPU gloo mesh). A full
 verl step (Ray workers, vLLM) needs GPUs and is not run here.
@@ -22,7 +23,7 @@ from torch import nn
 pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl]'")
 pytestmark = pytest.mark.verl
 
-from suite.core.quant import QuantScheme, fake_quant  # noqa: E402
+from suite.core.quant import QuantScheme, fake_quant, quantize_fp8, quantize_int8_per_token  # noqa: E402
 from suite.verl.aligned import (  # noqa: E402
     ALIGNED_ENV,
     AlignedLinear,
@@ -34,6 +35,34 @@ from suite.verl.aligned import (  # noqa: E402
 from suite.verl.int8_hook import QUANTIZED_LINEARS  # noqa: E402
 
 SCHEMES = ["bf16", "int8", "w4a16:16:sym", "w4a16:16:asym", "fp8:block:16"]
+
+
+def _rollout_input_hooks(model, names, scheme):
+    """The W8A8 rollout's activations on an independent path: each named linear's input quantized
+    per token, as vLLM does -- INT8 one scale per token (compressed-tensors W8A8), block FP8 one
+    scale per token and per ``block_size`` features (W8A8BlockFp8LinearOp) -- STE written out.
+    bf16 / w4a16 rollouts keep 16-bit activations: no hooks."""
+    if scheme.precision not in ("int8", "fp8"):
+        return
+
+    def hook(_mod, args):
+        x = args[0]
+        rows = x.detach().reshape(-1, x.shape[-1]).float()  # [M, K] tokens
+        if scheme.precision == "int8":
+            codes, scales = quantize_int8_per_token(rows)  # [M, K], [M, 1]
+            q = codes.float() * scales
+        else:
+            parts = []
+            for lo in range(0, rows.shape[1], scheme.block_size):  # 1 x block groups of each token
+                codes, scales = quantize_fp8(rows[:, lo : lo + scheme.block_size], "per_channel")
+                parts.append(codes.float() * scales)
+            q = torch.cat(parts, 1)  # [M, K]
+        q = q.reshape(x.shape).to(x.dtype)
+        return (q + (x - x.detach()), *args[1:])
+
+    for name, module in model.named_modules():
+        if name in names:
+            module.register_forward_pre_hook(hook)
 
 
 def _load(path):
@@ -58,9 +87,11 @@ def test_spec_round_trip_and_errors():
 
 @pytest.mark.parametrize("spec", SCHEMES)
 def test_aligned_forward_equals_fake_quantized_copy(tiny_qwen2, spec):
-    """Logits equal (bitwise) a copy whose block weights hold fake_quant(w); the STE gradient w.r.t.
-    each weight equals that copy's gradient w.r.t. its fake-quantized weight; parameters, names
-    and the other layers are untouched."""
+    """Logits equal (bitwise) a copy whose block weights hold fake_quant(w) and, for int8 / fp8
+    (W8A8 rollouts), whose block-linear inputs are quantized per token by hooks; the STE gradient
+    w.r.t. each weight equals that copy's gradient w.r.t. its fake-quantized weight; parameters,
+    names and the other layers are untouched. For int8 / fp8 the activations matter: the
+    weight-only copy's logits differ."""
     scheme = parse_spec(spec)
     plain = _load(tiny_qwen2)
     aligned = copy.deepcopy(plain)
@@ -71,22 +102,26 @@ def test_aligned_forward_equals_fake_quantized_copy(tiny_qwen2, spec):
     assert not isinstance(aligned.lm_head, AlignedLinear)
     assert sum(isinstance(m, AlignedLinear) for m in aligned.modules()) == 7 * layers
 
-    reference = copy.deepcopy(plain)
+    weight_only = copy.deepcopy(plain)
     with torch.no_grad():
-        for name, p in reference.named_parameters():
+        for name, p in weight_only.named_parameters():
             if name.removesuffix(".weight") in names:
                 p.copy_(fake_quant(p, scheme))
+    reference = copy.deepcopy(weight_only)
+    _rollout_input_hooks(reference, names, scheme)
 
     tokens = torch.randint(3, plain.config.vocab_size, (3, 11), generator=torch.Generator().manual_seed(0))
     target = torch.randn(3, 11, plain.config.vocab_size, generator=torch.Generator().manual_seed(1))
     outs = {}
-    for label, model in (("aligned", aligned), ("reference", reference), ("plain", plain)):
+    for label, model in (("aligned", aligned), ("reference", reference), ("plain", plain), ("weight_only", weight_only)):
         logits = model(tokens).logits
         (logits * target).sum().backward()
         outs[label] = logits.detach()
     assert torch.equal(outs["aligned"], outs["reference"])
     if spec != "bf16":  # a bf16 round trip can leave these tiny random weights' products equal
         assert not torch.equal(outs["aligned"], outs["plain"])  # the aligned forward did change the numbers
+    # W8A8 for int8 / fp8, weight-only for bf16 / w4a16
+    assert torch.equal(outs["aligned"], outs["weight_only"]) == (scheme.precision not in ("int8", "fp8"))
     a_params, r_params = dict(aligned.named_parameters()), dict(reference.named_parameters())
     for name, p in a_params.items():
         torch.testing.assert_close(p.grad, r_params[name].grad, rtol=1e-6, atol=1e-7, msg=name)
@@ -213,21 +248,23 @@ def test_import_verl_installs_through_the_plugin_entry_point():
     assert bad.returncode != 0 and "acr" in bad.stderr, bad.stderr[-2000:]
 
 
-def test_aligned_actor_under_verls_fsdp2_wrapping(registry, gloo_group, tiny_qwen2, monkeypatch):
+@pytest.mark.parametrize("spec", ["w4a16:16:asym", "int8", "fp8:block:16"])
+def test_aligned_actor_under_verls_fsdp2_wrapping(registry, gloo_group, tiny_qwen2, monkeypatch, spec):
     """The aligned actor wrapped by verl's own apply_fsdp2 with the mixed-precision policy verl's
     FSDP2 engine uses (bf16 params, fp32 reduce) -- on a one-process CPU mesh -- gives logits equal,
-    bit for bit, to a model whose parameters are bf16 with fake-quantized block weights: the
-    forward sees the unsharded bf16 weight, the same numbers verl syncs to vLLM. The STE gradient
-    reaches the sharded float32 master weights and equals the reference's."""
+    bit for bit, to a model whose parameters are bf16 with fake-quantized block weights (and, for
+    int8 / fp8, per-token quantized bf16 inputs): the forward sees the unsharded bf16 weight, the
+    same numbers verl syncs to vLLM. The STE gradient reaches the sharded float32 master weights
+    and equals the reference's."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
     from verl.utils.fsdp_utils import apply_fsdp2
 
     monkeypatch.setenv("VERL_ENGINE_DEVICE", "cuda")
-    install("w4a16:16:asym")
+    install(spec)
     cls = registry.get_engine_cls("language_model", "fsdp2")
     actor = _build_module(cls, tiny_qwen2, forward_only=False)
-    scheme = parse_spec("w4a16:16:asym")
+    scheme = parse_spec(spec)
     names = [n for n, m in actor.named_modules() if isinstance(m, AlignedLinear)]
     reference = copy.deepcopy(actor)
     with torch.no_grad():
@@ -238,6 +275,7 @@ def test_aligned_actor_under_verls_fsdp2_wrapping(registry, gloo_group, tiny_qwe
     for m in reference.modules():
         if isinstance(m, AlignedLinear):
             m.__class__ = nn.Linear  # the reference holds the quantized weights itself
+    _rollout_input_hooks(reference, names, scheme)
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=True)
     fsdp_kwargs = {"mesh": init_device_mesh("cpu", (1,)), "mp_policy": mp, "offload_policy": None, "reshard_after_forward": True}
