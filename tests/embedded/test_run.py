@@ -13,9 +13,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+import checkpoint_barrier
 from suite.config import compose_config, run_id
 from suite.core.quant import QuantScheme, fake_quant, quantize_int8_per_token
 from suite.embedded.trainer import EmbeddedRun
+from suite.tracking.checkpoint import list_checkpoints
 from suite.tracking.loggers import read_jsonl
 
 # A run that takes seconds: ~1M-parameter model, 2 prompts x 4 samples per step.
@@ -258,23 +260,23 @@ def _cli_overrides(tmp_path, *extra, uri=None):
     ]
 
 
-def test_kill_9_then_rerun_resumes_without_lost_or_duplicated_steps(tmp_path):
+def test_kill_9_then_rerun_resumes_without_lost_or_duplicated_steps(tmp_path, monkeypatch):
     over = _cli_overrides(tmp_path / "a", "steps=10", "ckpt_every=2", "eval_every=5")
     cfg = compose_config(over)
     run_dir = os.path.join(cfg.out_dir, run_id(cfg))
+    # Kill mid-run, after a checkpoint (step 4) and un-checkpointed steps (5, 6) were logged: the
+    # run holds just before writing its step-6 checkpoint (an event, not a guessed time).
+    barrier = checkpoint_barrier.install(monkeypatch, tmp_path, (6,), when="before")
     proc = _suite(["run", *over])
-    ckpt_dir = os.path.join(run_dir, "checkpoints")
     deadline = time.time() + 240
-    # Kill mid-run, after a checkpoint and some un-checkpointed steps were logged.
-    while time.time() < deadline:
-        done = steps_of(run_dir) if os.path.exists(os.path.join(run_dir, "metrics.jsonl")) else []
-        if os.path.isdir(ckpt_dir) and any(f.startswith("step_00000004") for f in os.listdir(ckpt_dir)) and done and done[-1] >= 5:
-            break
+    while not barrier.reached(6):
         assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline, "the run never reached its step-6 checkpoint"
         time.sleep(0.05)
+    assert steps_of(run_dir)[-1] == 6 and [s for s, _ in list_checkpoints(run_dir)][-1] == 4
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert steps_of(run_dir)[-1] < 10, "the run finished before it could be killed"
+    monkeypatch.delenv("SUITE_TEST_BARRIER")  # the re-run goes through
 
     out = subprocess.run([sys.executable, "-m", "suite.cli", "run", *over], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

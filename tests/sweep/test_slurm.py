@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+import checkpoint_barrier
 from _sweep_helpers import TINY, child_env, write_sweep
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -122,46 +123,15 @@ def test_cancelled_sweep_ends_cleanly(slurm_cluster, tmp_path, sweep_env):
     assert children and all(r.info.status == "KILLED" for r in children)
 
 
-# A barrier for the job, imported at interpreter start-up through PYTHONPATH (site imports
-# `sitecustomize`): after the checkpoint of a listed step is written, the run writes
-# `reached-<step>` and waits for `release-<step>`. The test then interrupts a run that is known
-# to be in progress, however fast the machine steps.
-_BARRIER = """
-import os
-if os.environ.get("SUITE_TEST_BARRIER"):
-    import time
-    from suite.tracking import checkpoint as _ckpt
-    _save, _dir = _ckpt.save_checkpoint, os.environ["SUITE_TEST_BARRIER"]
-    _steps = {int(x) for x in os.environ["SUITE_TEST_BARRIER_STEPS"].split(",")}
-
-    def save_checkpoint(run_dir, step, state, **kw):
-        out = _save(run_dir, step, state, **kw)
-        if step in _steps:
-            open(os.path.join(_dir, f"reached-{step}"), "w").close()
-            while not os.path.exists(os.path.join(_dir, f"release-{step}")):
-                time.sleep(0.1)
-        return out
-
-    _ckpt.save_checkpoint = save_checkpoint
-"""
-
-
 def test_preempted_run_requeues_and_resumes_from_its_checkpoint(slurm_cluster, tmp_path, sweep_env, monkeypatch):
     """Interrupted twice: submitit's preemption signal (USR2: checkpoint() + scontrol requeue),
     then a real preemption by a job of the higher-priority partition "urgent" (SLURM requeues).
     The run ends with every step exactly once in metrics.jsonl and in MLflow. Each interruption
     lands while the run holds at a barrier after a checkpoint (steps 2 and 4): events, not speed."""
-    import os
-
     from submitit.slurm.slurm import SlurmJob
 
     N = 12
-    barrier = tmp_path / "barrier"
-    barrier.mkdir()
-    (barrier / "sitecustomize.py").write_text(_BARRIER)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(barrier), os.environ.get("PYTHONPATH")])))
-    monkeypatch.setenv("SUITE_TEST_BARRIER", str(barrier))
-    monkeypatch.setenv("SUITE_TEST_BARRIER_STEPS", "2,4")
+    barrier = checkpoint_barrier.install(monkeypatch, tmp_path, (2, 4), when="after")
 
     uri, runs = sweep_env
     path = write_sweep(tmp_path / "pre.yaml", {
@@ -174,9 +144,9 @@ def test_preempted_run_requeues_and_resumes_from_its_checkpoint(slurm_cluster, t
     jid = job["job_id"]
     log_path = state / "submitit" / f"{jid}_0_log.out"
     try:
-        _wait(lambda: (barrier / "reached-2").exists(), 300, "the run at its step-2 checkpoint")
+        _wait(lambda: barrier.reached(2), 300, "the run at its step-2 checkpoint")
         SlurmJob(state / "submitit", jid)._interrupt()  # SIGTERM + USR2, as submitit simulates preemption
-        _wait(lambda: (barrier / "reached-4").exists(), 420, "the requeued run at its step-4 checkpoint")
+        _wait(lambda: barrier.reached(4), 420, "the requeued run at its step-4 checkpoint")
         assert "resuming from step 2" in log_path.read_text()
         urgent = slurm_cluster.run("sbatch", "--parsable", "-p", "urgent", "-c", str(slurm_cluster.n_cpus),
                                    "--wrap", "sleep 2").stdout.strip()
@@ -184,8 +154,7 @@ def test_preempted_run_requeues_and_resumes_from_its_checkpoint(slurm_cluster, t
         run_dir = next(iter(runs.glob("grpo-*")))
         _wait(lambda: (run_dir / "summary.json").exists(), 420, "the run finished after the requeues")
     finally:  # never leave a job waiting at a barrier
-        for step in (2, 4):
-            (barrier / f"release-{step}").touch()
+        barrier.release_all()
 
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(0, N + 1))  # none lost, none duplicated
