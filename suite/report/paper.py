@@ -54,16 +54,6 @@ def _choice(allowed):
     return parse
 
 
-def _positive(raw: str, row: dict) -> float:
-    try:
-        v = float(raw)
-    except ValueError:
-        v = math.nan
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError("a number > 0")
-    return v
-
-
 def _number(raw: str, row: dict) -> float:
     try:
         v = float(raw)
@@ -71,6 +61,16 @@ def _number(raw: str, row: dict) -> float:
         v = math.nan
     if not math.isfinite(v):
         raise ValueError("a finite number")
+    return v
+
+
+def _positive(raw: str, row: dict) -> float:
+    try:
+        v = _number(raw, row)
+    except ValueError:
+        v = math.nan
+    if not v > 0:
+        raise ValueError("a number > 0")
     return v
 
 
