@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from suite.report.identity import (IDENTITY_DEFAULTS, fill_group_keys, from_tags_and_params,
+from suite.report.identity import (IDENTITY_DEFAULTS, SUPERSEDED, fill_group_keys, from_tags_and_params,  # noqa: F401 (SUPERSEDED: a status of the frame, with FINISHED and MISSING)
                                    logged_before_rename, method_label, supersede)
 
 log = logging.getLogger(__name__)
