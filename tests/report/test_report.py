@@ -121,8 +121,8 @@ def expected_cells(sweep_store):
 
 
 def test_group_keys_of_the_sweep(loaded, sweep_store):
-    """Seeds of one cell configuration share a group key (derived from the params: these runs carry
-    no group_key tag); different configurations never do; FP8 runs carry their granularity."""
+    """Seeds of one cell configuration share a group key (the runs' group_key tag); different
+    configurations never do; FP8 runs carry their granularity."""
     runs = loaded.runs.set_index("cell")
     keys = {}
     for c in sweep_store.cells:
