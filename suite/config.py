@@ -196,6 +196,9 @@ class TrackingConfig:
     console_every: int = 10  # print a metrics line every N steps (0 = never)
     parent_run_id: str = ""  # MLflow parent run (a sweep's or a study's); set by `suite sweep` / `suite tune`
     tags: Dict[str, str] = field(default_factory=dict)  # extra MLflow tags (e.g. sweep name, trial number)
+    # resume even if metrics.jsonl has unreadable lines before its last (they are then deleted); off:
+    # the run refuses to start, naming the file and lines
+    drop_corrupt_metrics: bool = False
 
 
 @dataclass
