@@ -47,6 +47,7 @@ from suite.embedded.tasks import make_split, make_task, resolve_flaw_op
 from suite.embedded.tokenizer import CharTokenizer
 from suite.embedded.warmstart import load_or_train
 from suite.tracking import checkpoint as ckpt
+from suite.tracking.lock import run_lock
 from suite.tracking.loggers import JsonlLogger, MlflowLogger, MultiLogger, refuse_corrupt_jsonl
 
 EVAL_SEED = 10_007  # held-out prompts are the same for every run seed, so seeds compare on one set
@@ -473,6 +474,12 @@ class EmbeddedRun:
 
     # ---------------------------------------------------------------- driver
     def run(self) -> dict:
+        """Run (or resume, or return the summary of) the run in ``run_dir``, holding its
+        writer lock throughout: a second process on the same run dir raises `RunLockedError`."""
+        with run_lock(self.run_dir):
+            return self._run()
+
+    def _run(self) -> dict:
         cfg = self.cfg
         summary_path = os.path.join(self.run_dir, "summary.json")
         if os.path.exists(summary_path):
