@@ -283,10 +283,11 @@ def _number(cfg: DictConfig, key: str, lo: float | None = None, hi: float | None
             lo_open: bool = False, hi_open: bool = False) -> None:
     """``key`` is a finite real number in the interval [lo, hi] (open at an end when asked)."""
     value = OmegaConf.select(cfg, key)
-    lo_s = "" if lo is None else (f"> {lo:g}" if lo_open else f">= {lo:g}")
-    hi_s = "" if hi is None else (f"< {hi:g}" if hi_open else f"<= {hi:g}")
+    f = lambda x: str(x) if isinstance(x, int) else f"{x:g}"  # noqa: E731 - 2**32 in full, 0.5 not 0.500000
+    lo_s = "" if lo is None else (f"> {f(lo)}" if lo_open else f">= {f(lo)}")
+    hi_s = "" if hi is None else (f"< {f(hi)}" if hi_open else f"<= {f(hi)}")
     if lo is not None and hi is not None:
-        domain = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        domain = f"in {'(' if lo_open else '['}{f(lo)}, {f(hi)}{')' if hi_open else ']'}"
     else:
         domain = lo_s or hi_s
     # a bounded interval implies finite; a one-sided float bound says so (inf > 0 holds)
