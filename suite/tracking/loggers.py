@@ -956,9 +956,36 @@ def resync(
     )
 
 
+def run_dir_problem(run_dir: Path) -> str | None:
+    """What is wrong with the record files of a run dir that exists (None: nothing found);
+    a missing run dir is left to `resync`'s own error."""
+    if run_dir.exists() and not run_dir.is_dir():
+        return f"{run_dir} is a file, not a run directory (give the directory holding {METRICS_FILE})"
+    kinds = {RUN_FILE: dict, SYNC_FILE: dict, PARAMS_FILE: dict, TAGS_FILE: dict, ARTIFACTS_FILE: list}
+    for name, kind in kinds.items():
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return f"{path}: not valid JSON ({exc}); restore it or delete it (then `suite sync` starts a new MLflow run)"
+        if not isinstance(data, kind):
+            return f"{path}: must be a JSON {'object' if kind is dict else 'list'}, got {type(data).__name__}"
+    info = _read_json(run_dir / RUN_FILE) if (run_dir / RUN_FILE).is_file() else None
+    if info is not None and not isinstance(info.get("tracking_uri"), str):
+        return f"{run_dir / RUN_FILE}: incomplete: no tracking_uri (a write cut short?); restore or delete it"
+    return None
+
+
 def resync_cli(run_dir: str | os.PathLike, tracking_uri: str | None = None,
                end_status: str | None = None) -> int:
-    """`suite sync RUN_DIR [--tracking-uri URI]`: print one summary line; exit code 0/1."""
+    """`suite sync RUN_DIR [--tracking-uri URI]`: print one summary line; exit code 0/1, or 2
+    for a run dir whose files are damaged (the message names the file)."""
+    problem = run_dir_problem(Path(run_dir))
+    if problem:
+        print(f"suite sync {run_dir}: {problem}", file=sys.stderr)
+        return 2
     try:
         r = resync(run_dir, tracking_uri, end_status=end_status)
     except Exception as e:  # noqa: BLE001 - a CLI reports, it does not trace back
