@@ -283,7 +283,7 @@ def _number(cfg: DictConfig, key: str, lo: float | None = None, hi: float | None
             lo_open: bool = False, hi_open: bool = False) -> None:
     """``key`` is a finite real number in the interval [lo, hi] (open at an end when asked)."""
     value = OmegaConf.select(cfg, key)
-    f = lambda x: str(x) if isinstance(x, int) else f"{x:g}"  # noqa: E731 - 2**32 in full, 0.5 not 0.500000
+    f = lambda x: str(x) if isinstance(x, int) else f"{x:g}"  # 2**32 in full, 0.5 not 0.500000
     lo_s = "" if lo is None else (f"> {f(lo)}" if lo_open else f">= {f(lo)}")
     hi_s = "" if hi is None else (f"< {f(hi)}" if hi_open else f"<= {f(hi)}")
     if lo is not None and hi is not None:
@@ -319,7 +319,7 @@ def _check_known_keys(cfg: DictConfig, node: Any = None, prefix: str = "") -> No
     if not (isinstance(kind, type) and is_dataclass(kind)):
         return  # a free dict (tracking.tags): its keys are data
     allowed = {f.name for f in fields(kind)}
-    for key in node.keys():
+    for key in node:
         full = f"{prefix}{key}"
         _check(key in allowed, full, f"unknown key (added with `+`?); the keys of "
                f"{prefix.rstrip('.') or 'the config'} are: {', '.join(sorted(allowed - {'defaults'}))}")

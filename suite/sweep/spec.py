@@ -197,7 +197,7 @@ def read_yaml(path: str | os.PathLike, error: type[Exception] = None) -> tuple[s
     except OSError as exc:
         raise error(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_unique_key_loader())  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as exc:
         raise error(f"{path}: not valid YAML: {exc}") from None
     return text, data

@@ -3,7 +3,6 @@ huge matrices (counted, not expanded), non-finite values, `--max-parallel 0`."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
