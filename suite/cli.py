@@ -48,11 +48,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.backend.name == "embedded":
         from suite.embedded.trainer import EmbeddedRun
         from suite.hardware import HardwareError
+        from suite.tracking.loggers import CorruptMetricsError
+        from suite.tracking.lock import RunLockedError
 
         try:
             summary = EmbeddedRun(cfg, run_dir, progress=not args.no_progress and sys.stderr.isatty()).run()
         except HardwareError as exc:  # refused before anything was created: no run dir, no MLflow run
             print(f"suite: cannot run here: {exc}", file=sys.stderr)
+            return 2
+        except CorruptMetricsError as exc:  # refused before the warm start; the MLflow run is untouched
+            print(f"suite: cannot resume: {exc}", file=sys.stderr)
+            return 2
+        except RunLockedError as exc:  # the holder's MLflow run is its own: leave it alone
+            print(f"suite: run dir busy: {exc}", file=sys.stderr)
             return 2
         except Exception as exc:  # end the MLflow run FAILED (not RUNNING forever), then report
             from suite.sweep.job import mark_mlflow_failed

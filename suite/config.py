@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
 from hydra import compose, initialize
@@ -194,6 +196,9 @@ class TrackingConfig:
     console_every: int = 10  # print a metrics line every N steps (0 = never)
     parent_run_id: str = ""  # MLflow parent run (a sweep's or a study's); set by `suite sweep` / `suite tune`
     tags: Dict[str, str] = field(default_factory=dict)  # extra MLflow tags (e.g. sweep name, trial number)
+    # resume even if metrics.jsonl has unreadable lines before its last (they are then deleted); off:
+    # the run refuses to start, naming the file and lines
+    drop_corrupt_metrics: bool = False
 
 
 @dataclass
@@ -274,8 +279,58 @@ def _check(cond: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+def _number(cfg: DictConfig, key: str, lo: float | None = None, hi: float | None = None,
+            lo_open: bool = False, hi_open: bool = False) -> None:
+    """``key`` is a finite real number in the interval [lo, hi] (open at an end when asked)."""
+    value = OmegaConf.select(cfg, key)
+    f = lambda x: str(x) if isinstance(x, int) else f"{x:g}"  # 2**32 in full, 0.5 not 0.500000
+    lo_s = "" if lo is None else (f"> {f(lo)}" if lo_open else f">= {f(lo)}")
+    hi_s = "" if hi is None else (f"< {f(hi)}" if hi_open else f"<= {f(hi)}")
+    if lo is not None and hi is not None:
+        domain = f"in {'(' if lo_open else '['}{f(lo)}, {f(hi)}{')' if hi_open else ']'}"
+    else:
+        domain = lo_s or hi_s
+    # a bounded interval implies finite; a one-sided float bound says so (inf > 0 holds)
+    kind = "" if (lo is not None and hi is not None) or isinstance(value, int) else "a finite number "
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value < hi if hi_open else value <= hi
+    _check(ok, key, f"must be {kind}{domain}, got {value!r}")
+
+
+def _text(cfg: DictConfig, key: str) -> None:
+    value = OmegaConf.select(cfg, key)
+    _check(isinstance(value, str) and value.strip() != "", key, f"must be a non-empty string, got {value!r}")
+
+
+# MLflow tracking URI schemes (mlflow.tracking._tracking_service.utils: file, sqlite and the other
+# SQLAlchemy databases, http(s), databricks); a URI without a scheme is a local directory.
+_TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc")
+_SEED_LIMIT = 2**32  # numpy-compatible seeds; torch's derived seeds (seed * 1_000_003 + k) stay in range
+
+
+def _check_known_keys(cfg: DictConfig, node: Any = None, prefix: str = "") -> None:
+    """Every key of a typed section is a field of its dataclass: Hydra's ``+key=value`` adds keys
+    even to struct configs, and an unknown key would only change the run id."""
+    node = cfg if node is None else node
+    kind = OmegaConf.get_type(node)
+    if not (isinstance(kind, type) and is_dataclass(kind)):
+        return  # a free dict (tracking.tags): its keys are data
+    allowed = {f.name for f in fields(kind)}
+    for key in node:
+        full = f"{prefix}{key}"
+        _check(key in allowed, full, f"unknown key (added with `+`?); the keys of "
+               f"{prefix.rstrip('.') or 'the config'} are: {', '.join(sorted(allowed - {'defaults'}))}")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            _check_known_keys(cfg, child, f"{full}.")
+
+
 def validate(cfg: DictConfig) -> None:
     """Reject bad values and impossible combinations, naming the full key and allowed values."""
+    _check_known_keys(cfg)
     _choice(cfg, "backend.name", BACKENDS)
     _choice(cfg, "model.preset", MODEL_PRESETS)
     _choice(cfg, "task.name", TASKS)
@@ -288,41 +343,76 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "train.autocast", AUTOCASTS)
     _choice(cfg, "quant.kernels", KERNEL_CHOICES)
     _choice(cfg, "quant.bf16_kernels", KERNEL_CHOICES)
-    s = cfg.uaq.s
-    _check(s > 0 and s == s and s != float("inf"), "uaq.s", f"must be a finite number > 0, got {s}")
-    gs = cfg.uaq.group_lr_s
-    _check(gs > 0 and gs == gs and gs != float("inf"), "uaq.group_lr_s", f"must be a finite number > 0, got {gs}")
+    _number(cfg, "uaq.s", 0, lo_open=True)
+    _number(cfg, "uaq.group_lr_s", 0, lo_open=True)
+    s, gs = cfg.uaq.s, cfg.uaq.group_lr_s
     _check(gs == 1.0 or s == 1.0, "uaq.group_lr_s",
            f"is the per-group-learning-rate control for UAQ (uaq.s=1.0 with the rates uaq.s={gs:g} implies); "
            f"with uaq.s={s:g} set one of them to 1.0")
-    _check(1 <= cfg.task.difficulty <= 4, "task.difficulty", f"must be in 1..4, got {cfg.task.difficulty}")
-    _check(cfg.task.n_eval >= 1, "task.n_eval", "must be >= 1")
+    _number(cfg, "task.difficulty", 1, 4)
+    _number(cfg, "task.n_eval", 1)
     _check(cfg.task.eval_samples == 0 or cfg.task.eval_samples >= 2, "task.eval_samples",
            f"must be 0 (off) or >= 2 (mean@1 is the rollout.eval_temperature accuracy), got {cfg.task.eval_samples}")
-    _check(0 < cfg.algo.clip_low < 1, "algo.clip_low", f"must be in (0, 1), got {cfg.algo.clip_low}")
-    _check(cfg.algo.clip_high > 0, "algo.clip_high", f"must be > 0, got {cfg.algo.clip_high}")
+    _number(cfg, "quant.block_size", 1)
+    _number(cfg, "quant.group_size", 2)
+    _number(cfg, "algo.group_size", 1)
+    _number(cfg, "algo.clip_low", 0, 1, lo_open=True, hi_open=True)
+    _number(cfg, "algo.clip_high", 0, lo_open=True)
     if cfg.algo.dual_clip is not None:
-        _check(cfg.algo.dual_clip > 1, "algo.dual_clip", f"must be > 1 (verl clip_ratio_c) or null, got {cfg.algo.dual_clip}")
-    _check(cfg.correction.tis_cap >= 1, "correction.tis_cap", f"must be >= 1, got {cfg.correction.tis_cap}")
-    _check(cfg.correction.tbpo_seq_cap >= 1, "correction.tbpo_seq_cap", "must be >= 1")
+        _number(cfg, "algo.dual_clip", 1, lo_open=True)  # verl clip_ratio_c, or null
+    _number(cfg, "algo.kl_coef", 0)
+    _number(cfg, "algo.gamma", 0, 1)
+    _number(cfg, "algo.lam", 0, 1)
+    _number(cfg, "algo.critic_lr", 0, lo_open=True)
+    _number(cfg, "algo.value_clip", 0, lo_open=True)
+    _number(cfg, "algo.max_resample_rounds", 0)
+    _number(cfg, "algo.overlong_buffer", 0)
+    _number(cfg, "algo.overlong_penalty", 0)
+    _number(cfg, "correction.tis_cap", 1)
+    _number(cfg, "correction.tbpo_seq_cap", 1)
     for k in ("tbpo_delta_pos", "tbpo_delta_neg_high"):
-        _check(cfg.correction[k] > 0, f"correction.{k}", "must be > 0")
-    _check(0 < cfg.correction.tbpo_delta_neg_low < 1, "correction.tbpo_delta_neg_low", "must be in (0, 1)")
-    _check(cfg.quant.block_size >= 1 and cfg.quant.group_size >= 2, "quant.group_size", "block_size >= 1, group_size >= 2")
-    _check(cfg.rollout.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
-    _check(cfg.rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
-    _check(cfg.rollout.temperature > 0, "rollout.temperature", "must be > 0 (RL log-probs need a proper distribution)")
-    _check(0 < cfg.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
-    _check(cfg.rollout.eval_temperature >= 0, "rollout.eval_temperature", "must be >= 0")
-    _check(cfg.train.lr > 0, "train.lr", "must be > 0")
-    _check(cfg.train.epochs >= 1, "train.epochs", "must be >= 1")
-    _check(cfg.train.minibatches >= 1, "train.minibatches", "must be >= 1")
-    _check(cfg.steps >= 1, "steps", "must be >= 1")
-    _check(cfg.eval_every >= 1, "eval_every", "must be >= 1")
-    _check(cfg.ckpt_every >= 1, "ckpt_every", "must be >= 1")
-    _check(cfg.warm_start.steps >= 0, "warm_start.steps", "must be >= 0")
+        _number(cfg, f"correction.{k}", 0, lo_open=True)
+    _number(cfg, "correction.tbpo_delta_neg_low", 0, 1, lo_open=True, hi_open=True)
+    _number(cfg, "rollout.prompts_per_step", 1)
+    _number(cfg, "rollout.max_new_tokens", 1)
+    # > 0: RL log-probs need a proper (tempered) distribution
+    _number(cfg, "rollout.temperature", 0, lo_open=True)
+    _number(cfg, "rollout.top_p", 0, 1, lo_open=True)
+    _number(cfg, "rollout.eval_temperature", 0)
+    _number(cfg, "train.lr", 0, lo_open=True)
+    _number(cfg, "train.weight_decay", 0)
+    betas = cfg.train.betas
+    _check(betas is not None and len(betas) == 2, "train.betas", f"must be a list of two numbers [beta1, beta2], got "
+           f"{OmegaConf.to_container(betas) if betas is not None else None}")
+    for i in range(2):
+        _number(cfg, f"train.betas.{i}", 0, 1, hi_open=True)  # torch.optim.AdamW: 0 <= beta < 1
+    # > 0: torch's clip_grad_norm_ with a negative max norm flips every gradient (gradient ascent)
+    _number(cfg, "train.grad_clip", 0, lo_open=True)
+    _number(cfg, "train.epochs", 1)
+    _number(cfg, "train.minibatches", 1)
+    _number(cfg, "seed", 0, _SEED_LIMIT, hi_open=True)
+    _number(cfg, "steps", 1)
+    _number(cfg, "eval_every", 1)
+    _number(cfg, "ckpt_every", 1)
+    _number(cfg, "threads", 0)
+    _text(cfg, "out_dir")
+    _number(cfg, "warm_start.steps", 0)
+    _number(cfg, "warm_start.batch_size", 1)
+    _number(cfg, "warm_start.lr", 0, lo_open=True)
+    _number(cfg, "warm_start.seed", 0, _SEED_LIMIT, hi_open=True)
     _choice(cfg, "warm_start.flaw_op", FLAW_OPS)
-    _check(0.0 <= cfg.warm_start.flaw_prob <= 1.0, "warm_start.flaw_prob", "must be in [0, 1]")
+    _number(cfg, "warm_start.flaw_prob", 0, 1)
+    _text(cfg, "warm_start.cache_dir")
+    _text(cfg, "tracking.experiment")
+    _text(cfg, "tracking.tracking_uri")
+    uri = cfg.tracking.tracking_uri
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", uri)
+    if scheme and not re.match(r"^[A-Za-z]:[\\/]", uri):  # C:\... is a path, not a scheme
+        base = scheme.group(1).split("+")[0].lower()  # postgresql+psycopg2 -> postgresql
+        _check(base in _TRACKING_SCHEMES, "tracking.tracking_uri",
+               f"must be a local directory or an MLflow URI with one of the schemes {', '.join(_TRACKING_SCHEMES)}, "
+               f"got {uri!r}")
+    _number(cfg, "tracking.console_every", 0)
 
     algo = cfg.algo.name
     if algo in ("grpo", "dapo"):
@@ -409,7 +499,11 @@ def _validate_verl(cfg: DictConfig) -> None:
         "backend.tensor_parallel_size",
         f"must be >= 1 and divide backend.n_gpus_per_node={b.n_gpus_per_node}, got {tp}",
     )
-    _check(0 < b.gpu_memory_utilization <= 1, "backend.gpu_memory_utilization", "must be in (0, 1]")
+    _number(cfg, "backend.gpu_memory_utilization", 0, 1, lo_open=True)
+    _number(cfg, "backend.ray_port", 1, 65535)
+    _text(cfg, "backend.python")
+    for i, o in enumerate(b.extra_overrides):
+        _check("=" in str(o), f"backend.extra_overrides.{i}", f"must be a verl Hydra override key=value, got {o!r}")
     _check(
         cfg.rollout.prompts_per_step % cfg.train.minibatches == 0,
         "train.minibatches",
@@ -522,9 +616,47 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 
     Hydra's own errors (unknown key, unknown group option) name the key and list the options.
     """
+    parsed = parse_overrides(overrides)
     GlobalHydra.instance().clear()
     # No config directory: every node comes from the ConfigStore registered above.
     with initialize(version_base="1.3", config_path=None, job_name="suite"):
         cfg = compose(config_name="config", overrides=list(overrides))
     GlobalHydra.instance().clear()
+    check_override_types(cfg, parsed)
     return finalize(cfg)
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list:
+    """Hydra's parse of each override, one at a time so that an error names the override."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for line in overrides:
+        try:
+            o = parser.parse_overrides([line])[0]
+        except OverrideParseException as exc:
+            reason = str(exc).splitlines()
+            raise ConfigError(
+                f"override {line!r} does not parse ({reason[-2] if len(reason) > 1 else reason[0]}); values with "
+                "shell or grammar characters need quotes, e.g. 'key=\"a value\"'") from None
+        _check(bool(o.key_or_group), f"override {line!r}", "has no key before '='")
+        parsed.append(o)
+    return parsed
+
+
+def check_override_types(cfg: DictConfig, parsed: list) -> None:
+    """A boolean key takes true or false only: OmegaConf would read 2, yes or on as true."""
+    from omegaconf.nodes import BooleanNode
+
+    for o in parsed:
+        if o.is_delete() or o.is_sweep_override() or o.is_hydra_override():
+            continue
+        node = OmegaConf.select(cfg, o.key_or_group, throw_on_missing=False)
+        parent_key, _, leaf = o.key_or_group.rpartition(".")
+        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+        child = parent._get_node(leaf) if isinstance(parent, DictConfig) and leaf in parent else None
+        if isinstance(child, BooleanNode) and node is not None:
+            value = o.value()
+            _check(isinstance(value, bool), o.key_or_group, f"must be true or false, got {value!r}")

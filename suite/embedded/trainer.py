@@ -48,7 +48,8 @@ from suite.embedded.tasks import make_split, make_task, resolve_flaw_op
 from suite.embedded.tokenizer import CharTokenizer
 from suite.embedded.warmstart import load_or_train
 from suite.tracking import checkpoint as ckpt
-from suite.tracking.loggers import JsonlLogger, MlflowLogger, MultiLogger
+from suite.tracking.lock import run_lock
+from suite.tracking.loggers import JsonlLogger, MlflowLogger, MultiLogger, refuse_corrupt_jsonl
 
 EVAL_SEED = 10_007  # held-out prompts are the same for every run seed, so seeds compare on one set
 TRAIN_POOL = 20_000  # distinct training prompts per run seed
@@ -499,6 +500,12 @@ class EmbeddedRun:
 
     # ---------------------------------------------------------------- driver
     def run(self) -> dict:
+        """Run (or resume, or return the summary of) the run in ``run_dir``, holding its
+        writer lock throughout: a second process on the same run dir raises `RunLockedError`."""
+        with run_lock(self.run_dir):
+            return self._run()
+
+    def _run(self) -> dict:
         cfg = self.cfg
         summary_path = os.path.join(self.run_dir, "summary.json")
         if os.path.exists(summary_path):
@@ -506,12 +513,17 @@ class EmbeddedRun:
                 summary = json.load(fh)
             summary["already_finished"] = True
             return summary
+        drop_corrupt = cfg.tracking.drop_corrupt_metrics
+        # refused before the warm start: metrics that cannot be read are never deleted unasked
+        refuse_corrupt_jsonl(os.path.join(self.run_dir, "metrics.jsonl"), drop_corrupt)
         self.build()
         resumed = ckpt.load_latest_checkpoint(self.run_dir)
         jsonl = JsonlLogger(self.run_dir)
         if resumed is not None:
             self._restore(resumed[1])
-        jsonl.truncate_after(self.step)  # steps after the checkpoint are recomputed, never duplicated
+        # Steps after the checkpoint are recomputed, never duplicated; with no checkpoint yet (a
+        # kill before or during the first one) that is every step, the baseline evaluation included.
+        jsonl.truncate_after(self.step if resumed is not None else -1, drop_corrupt=drop_corrupt)
         mlflow_logger = MlflowLogger.for_run_dir(
             self.run_dir, cfg.tracking.tracking_uri, cfg.tracking.experiment,
             cfg.tracking.run_name or os.path.basename(self.run_dir), tags={**axes(cfg), **identity_tags(cfg), **dict(cfg.tracking.tags), "run_id": run_id(cfg),

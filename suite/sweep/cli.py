@@ -36,8 +36,10 @@ def _load(args: argparse.Namespace):
         extra.append(f"launcher={args.launcher}")
     if getattr(args, "profile", None):
         extra.append(f"cluster={args.profile}")
-    if getattr(args, "max_parallel", None):
+    if getattr(args, "max_parallel", None) is not None:  # 0 too: refused by the launcher's check, not ignored
         extra.append(f"launcher.max_parallel={args.max_parallel}")
+    if getattr(args, "max_cells", None) is not None:
+        extra.append(f"launcher.max_cells={args.max_cells}")
     try:
         return load_sweep(args.file, extra)
     except SweepError as exc:
@@ -122,3 +124,5 @@ def _options(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--launcher", choices=("local", "slurm"), help="= launcher=NAME")
     p.add_argument("--profile", help="slurm cluster profile in slurm/profiles/ (= cluster=NAME)")
     p.add_argument("--max-parallel", type=int, help="runs at once (= launcher.max_parallel=N)")
+    p.add_argument("--max-cells", type=int, help="largest matrix accepted, in cells (= launcher.max_cells=N; "
+                                                 "default 10000)")

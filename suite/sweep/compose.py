@@ -21,7 +21,7 @@ import pickle
 
 from omegaconf import DictConfig
 
-from suite.config import compose_config, finalize
+from suite.config import check_override_types, compose_config, finalize
 
 
 def _hydra_compose(overrides: list[str]) -> DictConfig:
@@ -90,4 +90,5 @@ class CellComposer:
             self._base[key] = base
         cfg = pickle.loads(base)
         ConfigLoaderImpl._apply_overrides_to_config(value_overrides, cfg)
+        check_override_types(cfg, value_overrides)
         return finalize(cfg)  # the same post-processing as compose_config

@@ -69,6 +69,7 @@ class RunCell:
         from omegaconf import open_dict
 
         from suite.config import compose_config
+        from suite.tracking.lock import RunLockedError
 
         tags = {str(k): str(v) for k, v in (tags or {}).items()}
         cfg = compose_config(list(overrides))
@@ -99,6 +100,8 @@ class RunCell:
                 from suite.verl.runner import run as verl_run
 
                 summary = verl_run(cfg, run_dir)
+        except RunLockedError:  # another process writes this cell: its MLflow run and run dir are its own
+            raise
         except Exception as exc:
             tb = traceback.format_exc()
             _write_error(run_dir, tb)

@@ -405,7 +405,21 @@ def launch(sweep: Sweep, *, retry_failed: bool = False, wait: bool | None = None
     Done cells are skipped; running/pending ones are left alone (and waited for); failed ones
     are re-submitted only with `retry_failed`; missing, interrupted and cancelled ones are
     submitted (resuming from their checkpoints). Returns 0 when every cell is done, 1 if any
-    failed, 3 if the sweep was submitted and not waited for, 130 on interrupt."""
+    failed, 3 if the sweep was submitted and not waited for, 130 on interrupt.
+
+    One driver per sweep: the state dir's lock (suite.tracking.lock) is held throughout, so a
+    second `suite sweep` of the same file raises `SweepError` naming the first instead of
+    submitting every cell again."""
+    from suite.tracking.lock import RunLockedError, run_lock
+
+    try:
+        with run_lock(sweep.state_dir):
+            return _launch(sweep, retry_failed=retry_failed, wait=wait, stream=stream)
+    except RunLockedError as exc:
+        raise SweepError(f"{sweep.path}: another `suite sweep` drives this sweep: {exc}") from None
+
+
+def _launch(sweep: Sweep, *, retry_failed: bool, wait: bool | None, stream) -> int:
     stream = stream or sys.stdout
     local = sweep.launcher.name == "local"
     wait = local if wait is None else (wait or local)

@@ -14,6 +14,7 @@ import csv
 import io
 import itertools
 import json
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -46,6 +47,9 @@ class LauncherConfig:
     profile: str = DEFAULT_PROFILE  # slurm: profile name in slurm/profiles/ (or a path to a .yaml)
     poll_s: float = 5.0  # seconds between job-state polls while waiting
     max_requeue: int = 3  # preemptions/timeouts after which a run is not requeued (submitit max_num_timeout)
+    # cells a file may expand to, counted before expansion (10^4 cells take ~1 min to validate);
+    # raise it on purpose for a bigger sweep (`--max-cells N`)
+    max_cells: int = 10_000
 
 
 @dataclass
@@ -153,6 +157,52 @@ class Sweep:
 # --------------------------------------------------------------------------- helpers
 
 
+def _unique_key_loader():
+    """PyYAML's SafeLoader, except that a mapping with a key twice is an error (PyYAML keeps
+    the last value silently: a duplicated axis would lose a whole column of the matrix)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader's own error follows
+                break
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found duplicate key {key!r} (first at line {first.line + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return UniqueKeyLoader
+
+
+def read_yaml(path: str | os.PathLike, error: type[Exception] = None) -> tuple[str, Any]:
+    """(text, data) of a YAML file read as UTF-8, duplicate keys refused; errors name the file."""
+    import yaml
+
+    error = error or SweepError
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the file as UTF-8") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.load(text, Loader=_unique_key_loader())  # a SafeLoader subclass: no arbitrary objects
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not valid YAML: {exc}") from None
+    return text, data
+
+
 def format_value(value: Any) -> str:
     """A YAML scalar as a Hydra override value; strings that are not plain words are quoted,
     so a value is always one literal (Hydra grammar), never interpreted."""
@@ -160,6 +210,8 @@ def format_value(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value!r} is not a finite number")
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
@@ -189,6 +241,8 @@ def _scalar(where: str, key: str, value: Any) -> str:
         return format_value(value)
     except TypeError:
         raise SweepError(f"{where}: key {key!r}: value of type {type(value).__name__} is not a scalar") from None
+    except ValueError as exc:  # .inf / .nan: no run takes them, and a cell would fail only once started
+        raise SweepError(f"{where}: key {key!r}: {exc}") from None
 
 
 def _values(where: str, key: str, values: Any) -> list[str]:
@@ -228,8 +282,8 @@ def _typed(where: str, schema: type, data: Any):
 def _check_positive(where: str, obj: Any, names: tuple[str, ...]) -> None:
     for n in names:
         v = getattr(obj, n)
-        if v is not None and not v > 0:
-            raise SweepError(f"{where}: {n}={v!r} must be > 0")
+        if v is not None and not (v > 0 and math.isfinite(v)):  # inf seconds: a poll loop that never polls
+            raise SweepError(f"{where}: {n}={v!r} must be > 0 and finite")
 
 
 def find_profile(name: str, sweep_path: str | None = None) -> Path:
@@ -255,10 +309,7 @@ def load_profile(name: str, sweep_path: str | None = None) -> tuple[SlurmProfile
         raise SweepError(
             f"launcher.profile={name!r}: no profile {path}; available: {', '.join(available_profiles())}"
         )
-    try:
-        data = OmegaConf.to_container(OmegaConf.load(path))
-    except Exception as exc:  # noqa: BLE001
-        raise SweepError(f"{path}: not valid YAML: {exc}") from None
+    _, data = read_yaml(path)
     prof = _typed(str(path), SlurmProfile, data)
     _check_positive(str(path), prof, ("nodes", "tasks_per_node", "cpus_per_task", "timeout_min",
                                       "array_parallelism", "mem_gb"))
@@ -351,8 +402,10 @@ def _rules(path, name: str, rules, what: str):
             raise SweepError(f"{where}: must be a non-empty mapping of {what}")
         yield where, rule
 
-def _expand(path: str, matrix: Any, include: Any, exclude: Any) -> tuple[list[str], list[dict[str, str]]]:
-    """Matrix (cartesian product, file order) + include entries, minus exclude rules."""
+def _expand(path: str, matrix: Any, include: Any, exclude: Any,
+            max_cells: int = LauncherConfig.max_cells) -> tuple[list[str], list[dict[str, str]]]:
+    """Matrix (cartesian product, file order) + include entries, minus exclude rules; the
+    number of cells is counted from the axis lengths first, and more than `max_cells` refused."""
     if matrix is None:
         matrix = {}
     if not isinstance(matrix, dict):
@@ -362,10 +415,19 @@ def _expand(path: str, matrix: Any, include: Any, exclude: Any) -> tuple[list[st
     for k, vals in matrix.items():
         axes[_check_key(f"{path}: matrix", k)] = _values(f"{path}: matrix", k, vals)
     keys = list(axes)
+    includes = [(where, {_check_key(where, k): _values(where, k, v) for k, v in entry.items()})
+                for where, entry in _rules(path, "include", include, "override key -> value(s)")]
+    total = math.prod(len(v) for v in axes.values()) if axes else 0
+    for _, own in includes:
+        total += math.prod(len(v) for v in own.values()) * math.prod(len(v) for k, v in axes.items() if k not in own)
+    if total > max_cells:
+        sizes = " x ".join(f"{len(v)} {k}" for k, v in axes.items()) or "(no matrix)"
+        raise SweepError(f"{path}: the matrix expands to {total:,} cells ({sizes}, plus {len(includes)} include "
+                         f"entries), more than launcher.max_cells={max_cells:,}; raise it with --max-cells N "
+                         f"(or launcher.max_cells=N) if you mean it")
     cells = [dict(zip(keys, combo)) for combo in itertools.product(*axes.values())] if axes else []
 
-    for where, entry in _rules(path, "include", include, "override key -> value(s)"):
-        own = {_check_key(where, k): _values(where, k, v) for k, v in entry.items()}
+    for where, own in includes:
         for k in own:
             if k not in keys:
                 keys.append(k)
@@ -409,14 +471,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
         raise SweepError(f"{path}: no such sweep file")
-    with open(path) as fh:
-        text = fh.read()
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SweepError(f"{path}: not valid YAML: {exc}") from None
+    text, data = read_yaml(path)
     if not isinstance(data, dict):
         raise SweepError(f"{path}: must be a mapping with keys {', '.join(TOP_KEYS)}")
     for k in data:
@@ -440,7 +495,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     launcher = _typed(f"{path}: launcher", LauncherConfig, launcher_data)
     if launcher.name not in LAUNCHERS:
         raise SweepError(f"{path}: launcher.name={launcher.name!r} is not a launcher; choose one of: {', '.join(LAUNCHERS)}")
-    _check_positive(f"{path}: launcher", launcher, ("max_parallel", "poll_s"))
+    _check_positive(f"{path}: launcher", launcher, ("max_parallel", "poll_s", "max_cells"))
     if launcher.max_requeue < 0:
         raise SweepError(f"{path}: launcher.max_requeue must be >= 0")
     resources_data = data.get("resources")
@@ -458,7 +513,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
             raise SweepError(f"{path}: {exc}") from None
 
     base = _base_overrides(f"{path}: base", data.get("base"))
-    keys, raw_cells = _expand(path, data.get("matrix"), data.get("include"), data.get("exclude"))
+    keys, raw_cells = _expand(path, data.get("matrix"), data.get("include"), data.get("exclude"), launcher.max_cells)
     base_keys = {_override_key(b) for b in base}
     matrix_keys = list((data.get("matrix") or {}).keys())
     for k in matrix_keys:

@@ -13,6 +13,7 @@ from suite.tracking.checkpoint import (
 )
 from suite.tracking.loggers import (
     ConsoleLogger,
+    CorruptMetricsError,
     JsonlLogger,
     MetricLogger,
     MlflowLogger,
@@ -28,6 +29,7 @@ from suite.tracking.loggers import (
 
 __all__ = [
     "ConsoleLogger",
+    "CorruptMetricsError",
     "JsonlLogger",
     "MetricLogger",
     "MlflowLogger",

@@ -253,21 +253,67 @@ def _repair_tail(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def truncate_jsonl(path: str | os.PathLike, step: int) -> int:
-    """Keep only entries with `step <= step` (atomic replace). Returns how many were dropped."""
-    path = Path(path)
+class CorruptMetricsError(ValueError):
+    """A metrics JSONL line that cannot be read, other than a last line cut by a kill."""
+
+
+def _entry_step(line: str) -> int | None:
     try:
-        with open(path, encoding="utf-8") as f:
+        step = json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def check_jsonl(path: str | os.PathLike) -> list[int]:
+    """Line numbers of unreadable entries of a metrics JSONL file before its last line (a cut
+    last line is a kill mid-write, which `JsonlLogger` repairs by itself)."""
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return []
+    if lines and lines[-1] == b"":
+        lines.pop()
+    bad = []
+    for lineno, raw in enumerate(lines[:-1], 1):
+        if raw.strip() and _entry_step(raw.decode("utf-8", errors="replace")) is None:
+            bad.append(lineno)
+    return bad
+
+
+def refuse_corrupt_jsonl(path: str | os.PathLike, drop_corrupt: bool = False) -> list[int]:
+    """Raise `CorruptMetricsError` naming the file and its unreadable lines (`check_jsonl`),
+    unless `drop_corrupt`; returns those line numbers."""
+    bad = check_jsonl(path)
+    if bad and not drop_corrupt:
+        raise CorruptMetricsError(
+            f"{path}: line(s) {', '.join(map(str, bad[:10]))}{' ...' if len(bad) > 10 else ''} cannot be read as "
+            f"metrics (JSON with an integer step); resuming would delete them. Repair or move the file, or resume "
+            f"dropping them with tracking.drop_corrupt_metrics=true")
+    return bad
+
+
+def truncate_jsonl(path: str | os.PathLike, step: int, *, drop_corrupt: bool = False) -> int:
+    """Keep only entries with `step <= step` (atomic replace). Returns how many were dropped.
+
+    An unreadable line before the last one is recorded data that would be deleted: raises
+    `CorruptMetricsError` naming the file and lines, unless `drop_corrupt`."""
+    path = Path(path)
+    bad = refuse_corrupt_jsonl(path, drop_corrupt)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
             lines = f.readlines()
     except FileNotFoundError:
         return 0
     kept, dropped = [], 0
-    for line in lines:
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            entry_step = json.loads(line)["step"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+        entry_step = _entry_step(line)
+        if entry_step is None:
+            if lineno in bad:
+                log.warning("%s:%d: dropping an unreadable line (tracking.drop_corrupt_metrics)", path, lineno)
             dropped += 1  # a cut line: never keep it
             continue
         if entry_step <= step:
@@ -329,13 +375,16 @@ class JsonlLogger:
         if p not in paths:
             _write_json(listing, [*paths, p])
 
-    def truncate_after(self, step: int) -> int:
-        """Keep entries with step <= `step` (used on resume, so no step is logged twice).
-        Returns the number of entries dropped."""
+    def truncate_after(self, step: int, *, drop_corrupt: bool = False) -> int:
+        """Keep entries with step <= `step` (used on resume, so no step is logged twice;
+        -1 keeps none). Returns the number of entries dropped. An unreadable line in the
+        middle raises `CorruptMetricsError` unless `drop_corrupt` (see `truncate_jsonl`)."""
         if self._f is not None:
             self._f.close()
-        dropped = truncate_jsonl(self.path, step)
-        self._f = self._open()
+        try:
+            dropped = truncate_jsonl(self.path, step, drop_corrupt=drop_corrupt)
+        finally:
+            self._f = self._open()
         return dropped
 
     def flush(self) -> None:
@@ -907,9 +956,36 @@ def resync(
     )
 
 
+def run_dir_problem(run_dir: Path) -> str | None:
+    """What is wrong with the record files of a run dir that exists (None: nothing found);
+    a missing run dir is left to `resync`'s own error."""
+    if run_dir.exists() and not run_dir.is_dir():
+        return f"{run_dir} is a file, not a run directory (give the directory holding {METRICS_FILE})"
+    kinds = {RUN_FILE: dict, SYNC_FILE: dict, PARAMS_FILE: dict, TAGS_FILE: dict, ARTIFACTS_FILE: list}
+    for name, kind in kinds.items():
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return f"{path}: not valid JSON ({exc}); restore it or delete it (then `suite sync` starts a new MLflow run)"
+        if not isinstance(data, kind):
+            return f"{path}: must be a JSON {'object' if kind is dict else 'list'}, got {type(data).__name__}"
+    info = _read_json(run_dir / RUN_FILE) if (run_dir / RUN_FILE).is_file() else None
+    if info is not None and not isinstance(info.get("tracking_uri"), str):
+        return f"{run_dir / RUN_FILE}: incomplete: no tracking_uri (a write cut short?); restore or delete it"
+    return None
+
+
 def resync_cli(run_dir: str | os.PathLike, tracking_uri: str | None = None,
                end_status: str | None = None) -> int:
-    """`suite sync RUN_DIR [--tracking-uri URI]`: print one summary line; exit code 0/1."""
+    """`suite sync RUN_DIR [--tracking-uri URI]`: print one summary line; exit code 0/1, or 2
+    for a run dir whose files are damaged (the message names the file)."""
+    problem = run_dir_problem(Path(run_dir))
+    if problem:
+        print(f"suite sync {run_dir}: {problem}", file=sys.stderr)
+        return 2
     try:
         r = resync(run_dir, tracking_uri, end_status=end_status)
     except Exception as e:  # noqa: BLE001 - a CLI reports, it does not trace back

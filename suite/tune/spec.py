@@ -96,9 +96,14 @@ def load_tune_file(path: str, extra_overrides: list[str] | tuple[str, ...] = ())
     dotted ``extra_overrides`` (e.g. ``n_trials=4``) and check it with :func:`check_spec`."""
     if not os.path.exists(path):
         raise TuneSpecError(f"tune file {path!r} not found")
+    from suite.sweep.spec import read_yaml
+
+    _, data = read_yaml(path, TuneSpecError)  # UTF-8, duplicate keys refused, errors name the file
+    if not isinstance(data, dict):
+        raise TuneSpecError(f"{path}: must be a mapping of tune keys, got {type(data).__name__}")
     schema = OmegaConf.structured(TuneSpec)
     try:
-        merged = OmegaConf.merge(schema, OmegaConf.load(path))
+        merged = OmegaConf.merge(schema, data)
         if extra_overrides:
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(extra_overrides)))
     except OmegaConfBaseException as exc:
@@ -174,8 +179,8 @@ def check_spec(spec: TuneSpec) -> None:
         _fail("n_trials", f"must be >= 1, got {spec.n_trials}")
     if spec.parallelism < 1:
         _fail("parallelism", f"must be >= 1, got {spec.parallelism}")
-    if not spec.poll_s > 0:
-        _fail("poll_s", f"must be > 0, got {spec.poll_s}")
+    if not (spec.poll_s > 0 and math.isfinite(spec.poll_s)):  # inf: a driver that never polls its jobs
+        _fail("poll_s", f"must be > 0 and finite, got {spec.poll_s}")
     _choice("sampler.name", spec.sampler.name, SAMPLERS)
     if spec.sampler.name == "grid":
         for name, p in spec.space.items():

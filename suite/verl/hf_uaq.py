@@ -36,12 +36,22 @@ class UAQError(ValueError):
     """A checkpoint the UAQ tool refuses to transform; the message says why."""
 
 
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UAQError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UAQError(f"{path}: must be a JSON object, got {type(data).__name__}")
+    return data
+
+
 def architecture_mapping(model_dir: Path) -> tuple[str, str]:
     """(architecture, suite.core.uaq mapping name) from ``config.json``; refuses unknown ones."""
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():
         raise UAQError(f"{model_dir}: no config.json (not a Hugging Face model directory)")
-    archs = json.loads(cfg_path.read_text()).get("architectures") or []
+    archs = _read_json(cfg_path).get("architectures") or []
     if len(archs) != 1 or archs[0] not in ARCHITECTURES:
         raise UAQError(
             f"{cfg_path}: architectures={archs}; the UAQ module mapping is known only for "
@@ -98,7 +108,14 @@ def transform(in_dir: str | os.PathLike, out_dir: str | os.PathLike, s: float, *
     _check_out(in_dir, out_dir)
     arch, mapping = architecture_mapping(in_dir)
     marker = in_dir / MARKER
-    prior = json.loads(marker.read_text()) if marker.is_file() else None
+    prior = _read_json(marker) if marker.is_file() else None
+    if prior is not None and not isinstance(prior.get("s"), (int, float)):
+        raise UAQError(f"{marker}: has no numeric 's' (the scale apply used); not a record `suite uaq apply` wrote")
+    if undo and prior is None:
+        # undo divides norms by s and multiplies the linears they feed: on weights never
+        # transformed that is not a restore but a new (non-invariant) model
+        raise UAQError(f"{in_dir} has no {MARKER}: it was not written by `suite uaq apply`, so there is nothing "
+                       f"to undo")
     if not undo and prior is not None:
         raise UAQError(f"{in_dir} is already UAQ-transformed (s={prior['s']}, {MARKER}); undo it first")
     if undo and prior is not None and float(prior["s"]) != float(s):
@@ -109,11 +126,14 @@ def transform(in_dir: str | os.PathLike, out_dir: str | os.PathLike, s: float, *
     owner: dict[str, Path] = {}
     metadata: dict[Path, dict] = {}
     for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            metadata[shard] = f.metadata() or {"format": "pt"}
-            for key in f.keys():
-                tensors[key] = f.get_tensor(key)
-                owner[key] = shard
+        try:
+            with safe_open(str(shard), framework="pt") as f:
+                metadata[shard] = f.metadata() or {"format": "pt"}
+                for key in f.keys():
+                    tensors[key] = f.get_tensor(key)
+                    owner[key] = shard
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types (truncated, bad header)
+            raise UAQError(f"{shard}: not a readable safetensors file ({type(exc).__name__}: {exc})") from None
     tree = _module_tree(tensors)
     pairs = (undo_uaq if undo else apply_uaq)(tree, s, mapping)  # validates before changing anything
     n_scaled = sum(1 + len(lins) for _, lins in pairs)

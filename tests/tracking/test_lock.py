@@ -1,0 +1,138 @@
+"""One run dir, one writer: the run lock, its stale-holder takeover, and two real `suite run`
+processes on one run id."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from suite.tracking import lock as lock_mod
+from suite.tracking.lock import LOCK_FILE, RunLockedError, run_lock
+
+RUN = ["model=tiny", "steps=4", "rollout.prompts_per_step=2", "algo.group_size=4", "task.n_eval=16",
+       "task.difficulty=1", "warm_start.steps=20", "warm_start.batch_size=16", "eval_every=2", "ckpt_every=2",
+       "threads=1", "rollout.max_new_tokens=16"]
+
+
+def test_a_second_holder_is_refused_naming_the_first(tmp_path):
+    with run_lock(tmp_path):
+        with pytest.raises(RunLockedError) as err:
+            with run_lock(tmp_path):
+                pass
+        msg = str(err.value)
+        assert f"pid {os.getpid()} on host {socket.gethostname()}" in msg and str(tmp_path / LOCK_FILE) in msg
+    with run_lock(tmp_path):  # released: free again
+        pass
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def no_flock(monkeypatch):
+    """A filesystem that refuses flock (some NFS/Lustre mounts): the O_EXCL fallback."""
+    def refuse(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(lock_mod.fcntl, "flock", refuse)
+
+
+def test_exclusive_file_fallback_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path, no_flock):
+    excl = tmp_path / (LOCK_FILE + ".excl")
+    with run_lock(tmp_path):
+        assert json.loads(excl.read_text())["pid"] == os.getpid()
+        with pytest.raises(RunLockedError, match=f"pid {os.getpid()}"):
+            with run_lock(tmp_path):
+                pass
+    assert not excl.exists()
+    host = socket.gethostname()
+    excl.write_text(json.dumps({"pid": _dead_pid(), "host": host, "since": time.time()}))
+    with run_lock(tmp_path):  # the holder died without releasing: taken over
+        assert json.loads(excl.read_text())["pid"] == os.getpid()
+    excl.write_text(json.dumps({"pid": 12345, "host": "another-node", "since": time.time()}))
+    with pytest.raises(RunLockedError, match="pid 12345 on host another-node"):
+        with run_lock(tmp_path):  # another host's process cannot be checked from here
+            pass
+
+
+def _env(tmp_path):
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", SUITE_CACHE=str(tmp_path / "cache"),
+                MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+def _wait_for_holder(proc, lock_path, timeout_s=300.0) -> dict:
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            info = json.loads(lock_path.read_text() or "null")
+        except (OSError, ValueError):
+            info = None
+        if info and info.get("pid") == proc.pid:
+            return info
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline, "the run never took its lock"
+        time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_two_identical_runs_one_writer_and_a_killed_holder_is_taken_over(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from suite.tracking.loggers import read_jsonl
+
+    over = [*RUN, f"out_dir={tmp_path / 'runs'}"]
+    env = _env(tmp_path)
+    cmd = [sys.executable, "-m", "suite.cli", "run", "--no-progress", *over]
+    # the run id as the child processes compute it (same environment)
+    probe = subprocess.run([sys.executable, "-c", "import sys; from suite.config import compose_config, run_id; "
+                            "print(run_id(compose_config(sys.argv[1:])))", *over],
+                           capture_output=True, text=True, env=env, check=True)
+    run_dir = tmp_path / "runs" / probe.stdout.strip()
+    lock_path = run_dir / LOCK_FILE
+
+    # a holder killed with -9 right after taking its lock leaves a lock the next run takes over
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    _wait_for_holder(first, lock_path)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+
+    a = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    holder = _wait_for_holder(a, lock_path)
+    b = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert a.poll() is None, "the first run ended before the second one tried: not concurrent"
+    assert b.returncode == 2, b.stdout + b.stderr
+    assert f"pid {holder['pid']} on host {holder['host']}" in b.stderr and "Traceback" not in b.stderr
+    out, _ = a.communicate(timeout=600)
+    assert a.returncode == 0, out
+
+    assert [e["step"] for e in read_jsonl(run_dir / "metrics.jsonl")] == list(range(5))
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("suite")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED", [(r.info.run_id, r.info.status) for r in runs]
+    assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "train/acc")) == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_two_runs_started_together_one_runs_one_is_refused(tmp_path):
+    over = [*RUN, f"out_dir={tmp_path / 'runs'}", "seed=1"]
+    env = _env(tmp_path)
+    cmd = [sys.executable, "-m", "suite.cli", "run", "--no-progress", *over]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    codes = sorted(r[0] for r in results)
+    assert codes == [0, 2], results
+    loser = next(r for r in results if r[0] == 2)
+    assert "is being written by pid" in loser[2]
