@@ -118,12 +118,25 @@ def resolve_autocast(choice: str) -> str:
     return "bf16" if (_cuda() or cpu_features().bf16_native) else "fp32"
 
 
+def int_mm_exact() -> bool:
+    """Whether ``torch._int_mm`` computes exact int32 sums here.
+
+    False where an ISA cap forces oneDNN below the VNNI kernel of a VNNI CPU: oneDNN's AVX2
+    u8s8 kernel multiplies into saturating int16 pairs (measured: max error 79,918 on a full-range
+    64x256x96 product). On VNNI / AMX it is exact, and so it was on the AVX2-only EPYC this
+    project measured before (torch's slow reference path, 0.05-0.1x float32)."""
+    import torch
+
+    return not (cpu_features().capped and bool(torch.cpu._is_vnni_supported()) and not _cuda())
+
+
 def executed_kernels(kernels: str, precision: str) -> str:
     """The GEMM path that really runs for a resolved ``quant.kernels`` on this machine.
 
-    ``native`` int8 without VNNI / AMX runs the emulated path: both compute the same integer
-    sums exactly (suite.embedded.engine; tests/embedded/test_engine.py checks bit equality),
-    and torch's reference int8 kernel would be 10-20x slower than float32."""
+    ``native`` int8 without VNNI / AMX runs the emulated path: it computes the same integer sums
+    exactly (suite.embedded.engine; tests/embedded/test_engine.py checks bit equality), where
+    torch's int8 kernel is either 10-20x slower than float32 or, under an ISA cap, inexact
+    (:func:`int_mm_exact`)."""
     if kernels == "native" and precision == "int8" and not _cuda() and not cpu_features().int8_native:
         return "emulated"
     return kernels

@@ -122,9 +122,10 @@ def test_native_bf16_resolved_elsewhere_is_refused_on_an_avx2_machine_before_any
 
 
 def test_int8_gemm_without_vnni_is_inexact_so_native_int8_runs_the_exact_emulation():
-    """oneDNN's AVX2 u8s8 path multiplies into saturating int16 pairs: torch._int_mm under the
-    AVX2 cap is wrong on full-range codes (measured max error 79,918 on a 64x256x96 product), so
-    a run resolved to native int8 executes the emulated path there, which is exact."""
+    """oneDNN's AVX2 u8s8 path multiplies into saturating int16 pairs: torch._int_mm with oneDNN
+    capped below VNNI on a VNNI CPU is wrong on full-range codes (measured max error 79,918 on a
+    64x256x96 product), so a run resolved to native int8 executes the emulated path there, which
+    is exact (an AVX2-only CPU's reference path is exact but 10-20x slower: emulated there too)."""
     code = """
         import torch
         from suite import hardware
@@ -132,8 +133,9 @@ def test_int8_gemm_without_vnni_is_inexact_so_native_int8_runs_the_exact_emulati
         a = torch.randint(-127, 128, (64, 256), generator=g, dtype=torch.int8)
         b = torch.randint(-127, 128, (256, 96), generator=g, dtype=torch.int8)
         exact = a.long() @ b.long()
-        print(torch.equal(torch._int_mm(a, b).long(), exact),
-              torch.equal(torch.nn.functional.linear(a.float(), b.t().float()).long(), exact),
+        int_mm_exact = torch.equal(torch._int_mm(a, b).long(), exact)
+        assert int_mm_exact == hardware.int_mm_exact()
+        print(int_mm_exact, torch.equal(torch.nn.functional.linear(a.float(), b.t().float()).long(), exact),
               hardware.executed_kernels("native", "int8"))
     """
     out = _py(code, AVX2)
