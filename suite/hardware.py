@@ -75,20 +75,23 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _gemm_fast(precision: str, fp8_granularity: str, feats: CpuFeatures, cuda: bool) -> bool:
-    """Whether the rollout's quantized (or bf16) GEMMs have a fast native kernel here."""
+def gemm_fast(precision: str, fp8_granularity: str = "per_channel", device=None) -> bool:
+    """Whether ``precision``'s GEMMs have a fast native kernel on ``device`` (a torch.device;
+    None = CUDA if present, else the CPU): the rule behind every ``auto`` kernel choice."""
+    import torch
+
+    cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
     if precision == "fp32":
         return True
     if precision == "fp8":
         # torch._scaled_mm with row-wise scales; no CPU kernel is fast, no kernel takes 128x128 blocks
         if not cuda or fp8_granularity == "block":
             return False
-        import torch
-
-        return torch.cuda.get_device_capability() >= (8, 9)
+        return torch.cuda.get_device_capability(device) >= (8, 9)
     if cuda:
         return True
-    if precision == "int8":
+    feats = cpu_features()
+    if precision == "int8":  # oneDNN's u8s8 VNNI / AMX kernels
         return feats.int8_native
     return feats.bf16_native  # bf16, w4a16 (bf16 GEMMs on dequantized weights)
 
@@ -99,7 +102,7 @@ def resolve_kernels(choice: str, precision: str, fp8_granularity: str) -> str:
         return choice
     if precision == "fp32":
         return "native"  # plain float32 GEMMs: there is nothing to emulate
-    return "native" if _gemm_fast(precision, fp8_granularity, cpu_features(), _cuda()) else "emulated"
+    return "native" if gemm_fast(precision, fp8_granularity) else "emulated"
 
 
 def resolve_bf16_kernels(choice: str, precision: str) -> str:
@@ -108,14 +111,14 @@ def resolve_bf16_kernels(choice: str, precision: str) -> str:
         return choice
     if precision == "fp32":
         return "native"  # an fp32 engine has no bf16 matmuls
-    return "native" if (_cuda() or cpu_features().bf16_native) else "emulated"
+    return "native" if gemm_fast("bf16") else "emulated"
 
 
 def resolve_autocast(choice: str) -> str:
     """``train.autocast``: the trainer's forward/backward precision, bf16 | fp32."""
     if choice != "auto":
         return choice
-    return "bf16" if (_cuda() or cpu_features().bf16_native) else "fp32"
+    return "bf16" if gemm_fast("bf16") else "fp32"
 
 
 def int_mm_exact() -> bool:

@@ -71,7 +71,7 @@ from suite.core.quant import (
     quantize_int8_per_token,
 )
 from suite.embedded.model import Block, KVCache, RMSNorm, Transformer
-from suite.hardware import cpu_features
+from suite.hardware import gemm_fast
 
 # The block linears a rollout engine quantizes (vLLM keeps embeddings, norms, lm_head in 16 bit).
 QUANTIZED_LINEARS = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.w_gate", "mlp.w_up", "mlp.w_down")
@@ -103,18 +103,9 @@ class Rollout:
 
 
 def native_is_fast(precision: str, device: torch.device, scheme: QuantScheme | None = None) -> bool:
-    """Whether this device has a fast low-precision kernel for ``precision`` ("auto" kernels)."""
-    if precision == "fp8":
-        return (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
-                and (scheme is None or scheme.fp8_granularity != "block"))
-    if device.type == "cuda":
-        return True
-    feats = cpu_features()  # honours an ISA cap (ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA)
-    if precision == "int8":  # oneDNN's u8s8 VNNI / AMX kernels
-        return feats.int8_native
-    if precision in ("bf16", "w4a16"):
-        return feats.bf16_native
-    return True  # fp32
+    """Whether this device has a fast low-precision kernel for ``precision`` ("auto" kernels;
+    the rule is suite.hardware.gemm_fast, which honours an ISA cap)."""
+    return gemm_fast(precision, scheme.fp8_granularity if scheme is not None else "per_channel", device)
 
 
 # ----------------------------------------------------------------------------- low-precision linears
