@@ -10,13 +10,11 @@ fails in :func:`validate`, before anything runs, naming the full key and the all
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
 from collections.abc import Callable
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
 from hydra import compose, initialize
@@ -27,6 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from suite.core.losses import CORRECTIONS as _LOSS_REGISTRY
 from suite.core.losses import TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP
 from suite.core.quant import FP8_GRANULARITIES, PRECISIONS  # noqa: F401  (PRECISIONS: the quantizer registry)
+# re-exported: a run's identity is part of its config's API
+from suite.identity import axes, axes_label, group_key, hardware_pins, identity_tags, resolve_hardware, run_id  # noqa: F401
 
 CORRECTIONS = tuple(_LOSS_REGISTRY)  # suite.core.losses: naive | bypass | tis | acr | tbpo
 ALGOS = ("ppo", "grpo", "dapo")
@@ -132,7 +132,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainConfig:
-    lr: float = 3e-5  # actor AdamW learning rate (5e-4 collapsed, 1e-4 degraded held-out accuracy: see issue 3 notes)
+    lr: float = 3e-5  # actor AdamW learning rate (5e-4 collapsed, 1e-4 degraded held-out accuracy: README)
     weight_decay: float = 0.0  # AdamW weight decay
     betas: List[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
     grad_clip: float = 1.0  # max global gradient norm
@@ -434,35 +434,6 @@ def validate(cfg: DictConfig) -> None:
         check(cfg)
 
 
-# Keys that change where results go or how fast they arrive, not what is computed.
-_NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir")
-
-
-def resolve_hardware(cfg: DictConfig) -> None:
-    """Replace every machine-dependent ``auto`` (``train.autocast``, ``quant.kernels``,
-    ``quant.bf16_kernels``) by the concrete choice for this machine, in place (suite.hardware).
-
-    Runs at compose time, so the resolved values are in the printed config, the params and the
-    run id. The verl backend keeps them as written: its numerics are verl's and vLLM's."""
-    if cfg.backend.name != "embedded":
-        return
-    from suite import hardware
-
-    q = cfg.quant
-    cfg.train.autocast = hardware.resolve_autocast(cfg.train.autocast)
-    q.kernels = hardware.resolve_kernels(q.kernels, q.precision, q.fp8_granularity)
-    q.bf16_kernels = hardware.resolve_bf16_kernels(q.bf16_kernels, q.precision)
-
-
-def hardware_pins(cfg: DictConfig) -> list[str]:
-    """Overrides that fix a composed config's resolved hardware choices wherever it is composed
-    again (a sweep cell re-composed on a compute node of another type)."""
-    if cfg.backend.name != "embedded":
-        return []
-    return [f"train.autocast={cfg.train.autocast}", f"quant.kernels={cfg.quant.kernels}",
-            f"quant.bf16_kernels={cfg.quant.bf16_kernels}"]
-
-
 def finalize(cfg: DictConfig) -> DictConfig:
     """The post-processing every composed config gets: paths expanded, hardware choices
     resolved, values validated (`compose_config` and the sweep's fast composer share it)."""
@@ -470,68 +441,6 @@ def finalize(cfg: DictConfig) -> DictConfig:
     validate(cfg)
     resolve_hardware(cfg)
     return cfg
-
-
-def _semantic_digest(cfg: DictConfig, drop: tuple[str, ...] = ()) -> str:
-    """sha256 prefix of the resolved config without its non-semantic keys (and ``drop``)."""
-    data = OmegaConf.to_container(cfg, resolve=True)
-    for key in _NON_SEMANTIC + drop:
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.get(p, {})
-        node.pop(leaf, None)
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:10]
-
-
-def run_id(cfg: DictConfig) -> str:
-    """Deterministic id of a run: a hash of its resolved, semantic configuration.
-
-    Re-running the same command finds the same run directory and resumes it; sweeps use it to
-    skip finished cells. Resolved hardware choices (`resolve_hardware`) are part of it.
-    """
-    return f"{axes_label(cfg)}-{_semantic_digest(cfg)}"
-
-
-def group_key(cfg: DictConfig) -> str:
-    """The run id's hash without the seed: runs with equal keys differ only by their seed, so
-    a report may average them (and only them) as repeats of one cell."""
-    return _semantic_digest(cfg, drop=("seed",))
-
-
-def identity_tags(cfg: DictConfig) -> dict[str, str]:
-    """MLflow tags beside the axes that say which numerics a run computed with (every backend)."""
-    embedded = cfg.backend.name == "embedded"
-    return {
-        "trainer_dtype": cfg.train.autocast if embedded else "bf16",  # verl: FSDP bf16 mixed precision
-        "kernels": cfg.quant.kernels if embedded else "vllm",
-        "bf16_kernels": cfg.quant.bf16_kernels if embedded else "vllm",
-        # verl's native FP8 rollout quantizes 128x128 blocks whatever quant.fp8_granularity says (docs/verl.md)
-        "fp8_granularity": ("block" if not embedded else cfg.quant.fp8_granularity) if cfg.quant.precision == "fp8" else "",
-        "uaq_group_lr_s": f"{cfg.uaq.group_lr_s:g}",
-        "group_key": group_key(cfg),
-    }
-
-
-def axes(cfg: DictConfig) -> dict[str, str]:
-    """The experiment axes of a run, as MLflow tags and analysis columns."""
-    return {
-        "backend": cfg.backend.name,
-        "precision": cfg.quant.precision,
-        "correction": cfg.correction.mode,
-        "uaq_s": f"{cfg.uaq.s:g}",
-        "algo": cfg.algo.name,
-        "task": cfg.task.name,
-        "model": cfg.model.preset,
-        "aligned_forward": str(bool(cfg.correction.aligned_forward)).lower(),
-        "seed": str(cfg.seed),
-    }
-
-
-def axes_label(cfg: DictConfig) -> str:
-    a = axes(cfg)
-    return f"{a['algo']}-{a['precision']}-{a['correction']}-s{a['uaq_s']}-{a['task']}-seed{a['seed']}"
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:

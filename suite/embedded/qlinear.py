@@ -39,7 +39,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from suite.core.quant import QuantScheme, fake_quant, quantize_fp8, quantize_int8_per_channel, quantize_int8_per_token
+from suite.core.quant import (
+    QuantScheme,
+    fake_quant,
+    quantize_fp8,
+    quantize_int8_per_channel,
+    quantize_int8_per_token,
+)
 
 # The block linears a rollout engine quantizes (vLLM keeps embeddings, norms, lm_head in 16 bit).
 QUANTIZED_LINEARS = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.w_gate", "mlp.w_up", "mlp.w_down")

@@ -11,7 +11,14 @@ from typing import List
 
 from omegaconf import DictConfig
 
-from suite.config import BackendConfig, _check, _choice, _number, _text, register_backend
+from suite.config import (
+    BackendConfig,
+    _check,
+    _choice,
+    _number,
+    _text,
+    register_backend,
+)
 from suite.verl.rollout_quant import VERL_PRECISIONS
 
 # verl actor strategies (engine backends) the QaRL aligned forward is plugged into (suite.verl.aligned)

@@ -37,7 +37,12 @@ from suite.config import run_id
 from suite.core.losses import CORRECTIONS
 from suite.verl import LOSS_PARAMS_ENV
 from suite.verl.aligned import ALIGNED_ENV
-from suite.verl.rollout_quant import VERL_ROLLOUTS, W8A8_QUANT_CONFIG, WORKER_EXTENSION, scheme_spec  # noqa: F401
+from suite.verl.rollout_quant import (  # noqa: F401
+    VERL_ROLLOUTS,
+    W8A8_QUANT_CONFIG,
+    WORKER_EXTENSION,
+    scheme_spec,
+)
 
 # rollout_is_threshold for the modes that need the raw r: verl clamps log r to +-20 before exp
 # (rollout_corr_helper.SAFETY_BOUND), so a weight never exceeds exp(20) ~ 4.85e8 < 1e9.

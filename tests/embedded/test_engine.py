@@ -18,7 +18,7 @@ from suite.core.quant import (
 from suite.embedded.engine import Rollout, RolloutEngine
 from suite.embedded.qlinear import Int8Linear, SharedActQuant
 from _prompts import left_padded, rand_prompts
-from suite.embedded.model import PRESETS, KVCache, ModelConfig, Transformer, response_logprobs
+from suite.embedded.model import PRESETS, ModelConfig, Transformer, response_logprobs
 
 PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
 VOCAB, PAD = 80, 0  # the character tokenizer's size and pad id
@@ -334,3 +334,12 @@ def test_every_precision_generates(model, precision):
     logp, _ = response_logprobs(model, ro.tokens, ro.attention_mask, ro.response_start, 1.0)
     diff = (logp - ro.behav_logp).abs().max().item()
     assert (diff < 1e-5) == (precision == "fp32") and diff < 1.0
+
+
+def test_every_registered_precision_has_an_engine_linear():
+    """The quantizer registry and the engine's factories name the same precisions, so adding a
+    precision to suite.core.quant without its engine linear fails here, not in a run."""
+    from suite.core.quant import QUANTIZERS
+    from suite.embedded.qlinear import ENGINE_LINEARS
+
+    assert list(ENGINE_LINEARS) == list(QUANTIZERS)
