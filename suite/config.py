@@ -10,11 +10,10 @@ fails in :func:`validate`, before anything runs, naming the full key and the all
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
@@ -24,12 +23,12 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from suite import regimes
-from suite.embedded.tasks import FLAW_OPS
 from suite.core.losses import CORRECTIONS as _LOSS_REGISTRY
 from suite.core.losses import TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP
+from suite.core.quant import FP8_GRANULARITIES, PRECISIONS  # noqa: F401  (PRECISIONS: the quantizer registry)
+# re-exported: a run's identity is part of its config's API
+from suite.identity import axes, axes_label, group_key, hardware_pins, identity_tags, resolve_hardware, run_id  # noqa: F401
 
-PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
-FP8_GRANULARITIES = ("per_tensor", "per_channel", "block")
 CORRECTIONS = tuple(_LOSS_REGISTRY)  # suite.core.losses: naive | bypass | tis | acr | tbpo
 ALGOS = ("ppo", "grpo", "dapo")
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -37,41 +36,16 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 AUTOCASTS = ("auto", "bf16", "fp32")
 KERNEL_CHOICES = ("auto", "native", "emulated")  # quant.kernels, quant.bf16_kernels (suite.hardware)
 TASKS = ("arith", "word")
-BACKENDS = ("embedded", "verl")
-VERL_PRECISIONS = ("bf16", "fp8", "int8", "w4a16")  # rollout precisions the verl backend can run (suite.verl)
-# verl actor strategies (engine backends) the QaRL aligned forward is plugged into (suite.verl.aligned)
-VERL_ALIGNED_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")
+BACKENDS = ("embedded", "verl")  # backend=...; a backend other than embedded registers with register_backend
+# warm_start.flaw_op: auto, none, or the operator of the tasks' traces the flawed teacher skips
+# (suite.embedded.tasks.flawed_response)
+FLAW_OPS: tuple[str, ...] = ("auto", "none", "+", "-", "*", "/")
 MODEL_PRESETS = ("tiny", "small", "base", "large", "wide")
 
 
 @dataclass
 class BackendConfig:
     name: str = "embedded"  # embedded (pure PyTorch, CPU) | verl (GPU clusters: verl + vLLM, suite.verl)
-
-
-@dataclass
-class VerlBackendConfig(BackendConfig):
-    """`backend=verl`: the same run on GPU nodes through verl 0.9.1 + vLLM (docs/verl.md).
-
-    A subclass, so that embedded runs keep their config (and run ids) unchanged. Paths are local
-    to the compute nodes: no hub access is assumed there.
-    """
-
-    name: str = "verl"
-    model_path: str = ""  # local Hugging Face model directory (config.json + safetensors); required
-    train_files: str = ""  # local parquet file(s) in verl's RL format (comma-separated); required
-    val_files: str = ""  # local held-out parquet file(s) (comma-separated); required
-    reward_fn_path: str = ""  # python file with compute_score(); empty = verl's default scorer by data_source
-    max_prompt_length: int = 1024  # prompt budget (tokens); longer prompts are filtered out by verl
-    nnodes: int = 1  # SLURM nodes the Ray cluster spans
-    n_gpus_per_node: int = 8  # GPUs per node
-    tensor_parallel_size: int = 1  # vLLM tensor parallel size of one rollout replica (GPUs)
-    gpu_memory_utilization: float = 0.6  # fraction of GPU memory vLLM may take (0, 1]
-    micro_batch_size_per_gpu: int = 4  # sequences per GPU per forward/backward (actor, critic, log-probs)
-    max_num_batched_tokens: int = 8192  # vLLM scheduler token budget per step (tokens)
-    ray_port: int = 6379  # Ray head GCS port on the first node
-    python: str = "python3"  # interpreter that runs verl.trainer.main_ppo on the head node
-    extra_overrides: List[str] = field(default_factory=list)  # verl Hydra overrides appended verbatim (last wins)
 
 
 @dataclass
@@ -159,7 +133,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainConfig:
-    lr: float = 3e-5  # actor AdamW learning rate (5e-4 collapsed, 1e-4 degraded held-out accuracy: see issue 3 notes)
+    lr: float = 3e-5  # actor AdamW learning rate (5e-4 collapsed, 1e-4 degraded held-out accuracy: README)
     weight_decay: float = 0.0  # AdamW weight decay
     betas: List[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
     grad_clip: float = 1.0  # max global gradient norm
@@ -241,7 +215,6 @@ def _register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config", node=Config)
     cs.store(group="backend", name="embedded", node=BackendConfig(name="embedded"))
-    cs.store(group="backend", name="verl", node=VerlBackendConfig())
     for preset in MODEL_PRESETS:
         cs.store(group="model", name=preset, node=ModelConfig(preset=preset))
     for task in TASKS:
@@ -266,6 +239,18 @@ def _register() -> None:
 
 
 _register()
+
+# Checks of a backend's own section, run by validate (the embedded backend's are validate's own).
+BACKEND_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
+
+
+def register_backend(name: str, node: Any, check: Callable[[DictConfig], None]) -> None:
+    """Register backend ``name``'s config section (``backend=<name>``, a ``BackendConfig``
+    subclass instance) and the check :func:`validate` runs on its configs. Backends call it
+    when their config module is imported (suite.verl.config, imported by the package root
+    ``suite/__init__.py``), so this module imports no backend."""
+    ConfigStore.instance().store(group="backend", name=name, node=node)
+    BACKEND_CHECKS[name] = check
 
 
 class ConfigError(ValueError):
@@ -448,100 +433,9 @@ def validate(cfg: DictConfig) -> None:
         "algo.overlong_buffer",
         f"must be < rollout.max_new_tokens ({cfg.rollout.max_new_tokens})",
     )
-    if cfg.backend.name == "verl":
-        _validate_verl(cfg)
-
-
-def _override_values(backend: DictConfig, key: str) -> list[str]:
-    """The values ``backend.extra_overrides`` gives verl's ``key`` (with or without Hydra's ``+``), in order."""
-    return [str(o).split("=", 1)[1] for o in backend.extra_overrides if str(o).lstrip("+").startswith(key + "=")]
-
-
-def _validate_verl(cfg: DictConfig) -> None:
-    """What the verl backend cannot run, named before anything is submitted (docs/verl.md)."""
-    b = cfg.backend
-    _check(
-        "model_path" in b,
-        "backend",
-        "backend.name=verl needs the verl option of the backend group: use `backend=verl`, not `backend.name=verl`",
-    )
-    _choice(cfg, "quant.precision", VERL_PRECISIONS)
-    _check(cfg.uaq.group_lr_s == 1.0, "uaq.group_lr_s",
-           "the per-group learning-rate control runs on the embedded backend only (verl's actor has one LR); allowed "
-           "with backend=verl: 1.0")
-    _check(
-        cfg.task.eval_samples == 0,
-        "task.eval_samples",
-        "is embedded only: verl validates with one sampling setting (its mean@n replaces the greedy mean@1); "
-        "set actor_rollout_ref.rollout.val_kwargs.n / do_sample / temperature in backend.extra_overrides instead. allowed: 0",
-    )
-    if cfg.correction.aligned_forward:
-        strategies = _override_values(b, "actor_rollout_ref.actor.strategy")
-        _check(
-            all(x in VERL_ALIGNED_STRATEGIES for x in strategies),
-            "backend.extra_overrides",
-            f"sets actor_rollout_ref.actor.strategy={strategies[-1] if strategies else ''}; the QaRL aligned forward "
-            f"(correction.aligned_forward=true) is plugged into verl's FSDP engines only: {', '.join(VERL_ALIGNED_STRATEGIES)}",
-        )
-        lora = _override_values(b, "actor_rollout_ref.model.lora_rank")
-        _check(
-            all(x.strip() in ("0", "null") for x in lora),
-            "backend.extra_overrides",
-            f"sets actor_rollout_ref.model.lora_rank={lora[-1] if lora else ''}; the QaRL aligned forward quantizes the "
-            "base weights while the rollout quantizes base + LoRA merged: allowed with correction.aligned_forward=true: 0",
-        )
-    for key in ("model_path", "train_files", "val_files"):
-        _check(bool(b[key]), f"backend.{key}", "required with backend=verl (a local path on the compute nodes)")
-    _check(b.nnodes >= 1, "backend.nnodes", "must be >= 1")
-    _check(b.n_gpus_per_node >= 1, "backend.n_gpus_per_node", "must be >= 1")
-    _check(b.max_prompt_length >= 1, "backend.max_prompt_length", "must be >= 1")
-    _check(b.micro_batch_size_per_gpu >= 1, "backend.micro_batch_size_per_gpu", "must be >= 1")
-    _check(b.max_num_batched_tokens >= 1, "backend.max_num_batched_tokens", "must be >= 1")
-    tp = b.tensor_parallel_size
-    _check(
-        tp >= 1 and b.n_gpus_per_node % tp == 0,
-        "backend.tensor_parallel_size",
-        f"must be >= 1 and divide backend.n_gpus_per_node={b.n_gpus_per_node}, got {tp}",
-    )
-    _number(cfg, "backend.gpu_memory_utilization", 0, 1, lo_open=True)
-    _number(cfg, "backend.ray_port", 1, 65535)
-    _text(cfg, "backend.python")
-    for i, o in enumerate(b.extra_overrides):
-        _check("=" in str(o), f"backend.extra_overrides.{i}", f"must be a verl Hydra override key=value, got {o!r}")
-    _check(
-        cfg.rollout.prompts_per_step % cfg.train.minibatches == 0,
-        "train.minibatches",
-        f"verl splits prompts into mini-batches: must divide rollout.prompts_per_step={cfg.rollout.prompts_per_step}",
-    )
-
-
-# Keys that change where results go or how fast they arrive, not what is computed.
-_NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir")
-
-
-def resolve_hardware(cfg: DictConfig) -> None:
-    """Replace every machine-dependent ``auto`` (``train.autocast``, ``quant.kernels``,
-    ``quant.bf16_kernels``) by the concrete choice for this machine, in place (suite.hardware).
-
-    Runs at compose time, so the resolved values are in the printed config, the params and the
-    run id. The verl backend keeps them as written: its numerics are verl's and vLLM's."""
-    if cfg.backend.name != "embedded":
-        return
-    from suite import hardware
-
-    q = cfg.quant
-    cfg.train.autocast = hardware.resolve_autocast(cfg.train.autocast)
-    q.kernels = hardware.resolve_kernels(q.kernels, q.precision, q.fp8_granularity)
-    q.bf16_kernels = hardware.resolve_bf16_kernels(q.bf16_kernels, q.precision)
-
-
-def hardware_pins(cfg: DictConfig) -> list[str]:
-    """Overrides that fix a composed config's resolved hardware choices wherever it is composed
-    again (a sweep cell re-composed on a compute node of another type)."""
-    if cfg.backend.name != "embedded":
-        return []
-    return [f"train.autocast={cfg.train.autocast}", f"quant.kernels={cfg.quant.kernels}",
-            f"quant.bf16_kernels={cfg.quant.bf16_kernels}"]
+    check = BACKEND_CHECKS.get(cfg.backend.name)
+    if check is not None:
+        check(cfg)
 
 
 def finalize(cfg: DictConfig) -> DictConfig:
@@ -551,68 +445,6 @@ def finalize(cfg: DictConfig) -> DictConfig:
     validate(cfg)
     resolve_hardware(cfg)
     return cfg
-
-
-def _semantic_digest(cfg: DictConfig, drop: tuple[str, ...] = ()) -> str:
-    """sha256 prefix of the resolved config without its non-semantic keys (and ``drop``)."""
-    data = OmegaConf.to_container(cfg, resolve=True)
-    for key in _NON_SEMANTIC + drop:
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.get(p, {})
-        node.pop(leaf, None)
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:10]
-
-
-def run_id(cfg: DictConfig) -> str:
-    """Deterministic id of a run: a hash of its resolved, semantic configuration.
-
-    Re-running the same command finds the same run directory and resumes it; sweeps use it to
-    skip finished cells. Resolved hardware choices (`resolve_hardware`) are part of it.
-    """
-    return f"{axes_label(cfg)}-{_semantic_digest(cfg)}"
-
-
-def group_key(cfg: DictConfig) -> str:
-    """The run id's hash without the seed: runs with equal keys differ only by their seed, so
-    a report may average them (and only them) as repeats of one cell."""
-    return _semantic_digest(cfg, drop=("seed",))
-
-
-def identity_tags(cfg: DictConfig) -> dict[str, str]:
-    """MLflow tags beside the axes that say which numerics a run computed with (every backend)."""
-    embedded = cfg.backend.name == "embedded"
-    return {
-        "trainer_dtype": cfg.train.autocast if embedded else "bf16",  # verl: FSDP bf16 mixed precision
-        "kernels": cfg.quant.kernels if embedded else "vllm",
-        "bf16_kernels": cfg.quant.bf16_kernels if embedded else "vllm",
-        # verl's native FP8 rollout quantizes 128x128 blocks whatever quant.fp8_granularity says (docs/verl.md)
-        "fp8_granularity": ("block" if not embedded else cfg.quant.fp8_granularity) if cfg.quant.precision == "fp8" else "",
-        "uaq_group_lr_s": f"{cfg.uaq.group_lr_s:g}",
-        "group_key": group_key(cfg),
-    }
-
-
-def axes(cfg: DictConfig) -> dict[str, str]:
-    """The experiment axes of a run, as MLflow tags and analysis columns."""
-    return {
-        "backend": cfg.backend.name,
-        "precision": cfg.quant.precision,
-        "correction": cfg.correction.mode,
-        "uaq_s": f"{cfg.uaq.s:g}",
-        "algo": cfg.algo.name,
-        "task": cfg.task.name,
-        "model": cfg.model.preset,
-        "aligned_forward": str(bool(cfg.correction.aligned_forward)).lower(),
-        "seed": str(cfg.seed),
-    }
-
-
-def axes_label(cfg: DictConfig) -> str:
-    a = axes(cfg)
-    return f"{a['algo']}-{a['precision']}-{a['correction']}-s{a['uaq_s']}-{a['task']}-seed{a['seed']}"
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:

@@ -75,15 +75,23 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def _quantizer(precision: str):
+    from suite.core.quant import QUANTIZERS  # lazily, as torch: composing a config stays light
+
+    return QUANTIZERS[precision]
+
+
 def gemm_fast(precision: str, fp8_granularity: str = "per_channel", device=None) -> bool:
     """Whether ``precision``'s GEMMs have a fast native kernel on ``device`` (a torch.device;
-    None = CUDA if present, else the CPU): the rule behind every ``auto`` kernel choice."""
+    None = CUDA if present, else the CPU): the rule behind every ``auto`` kernel choice. The
+    kernel is the one of the precision's GEMM operand dtype (suite.core.quant ``Quantizer.gemm_dtype``)."""
     import torch
 
+    dt = _quantizer(precision).gemm_dtype
     cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
-    if precision == "fp32":
+    if dt == torch.float32:
         return True
-    if precision == "fp8":
+    if dt == torch.float8_e4m3fn:
         # torch._scaled_mm with row-wise scales; no CPU kernel is fast, no kernel takes 128x128 blocks
         if not cuda or fp8_granularity == "block":
             return False
@@ -91,16 +99,16 @@ def gemm_fast(precision: str, fp8_granularity: str = "per_channel", device=None)
     if cuda:
         return True
     feats = cpu_features()
-    if precision == "int8":  # oneDNN's u8s8 VNNI / AMX kernels
+    if dt == torch.int8:  # oneDNN's u8s8 VNNI / AMX kernels
         return feats.int8_native
-    return feats.bf16_native  # bf16, w4a16 (bf16 GEMMs on dequantized weights)
+    return feats.bf16_native  # bf16 GEMMs (also on a weight-only precision's dequantized weights)
 
 
 def resolve_kernels(choice: str, precision: str, fp8_granularity: str) -> str:
     """``quant.kernels``: the rollout's quantized-GEMM path, native | emulated."""
     if choice != "auto":
         return choice
-    if precision == "fp32":
+    if _quantizer(precision).lossless:
         return "native"  # plain float32 GEMMs: there is nothing to emulate
     return "native" if gemm_fast(precision, fp8_granularity) else "emulated"
 
@@ -109,7 +117,7 @@ def resolve_bf16_kernels(choice: str, precision: str) -> str:
     """``quant.bf16_kernels``: the bf16 matmuls outside the quantized GEMMs (attention, lm_head)."""
     if choice != "auto":
         return choice
-    if precision == "fp32":
+    if _quantizer(precision).lossless:
         return "native"  # an fp32 engine has no bf16 matmuls
     return "native" if gemm_fast("bf16") else "emulated"
 
@@ -140,7 +148,10 @@ def executed_kernels(kernels: str, precision: str) -> str:
     exactly (suite.embedded.engine; tests/embedded/test_engine.py checks bit equality), where
     torch's int8 kernel is either 10-20x slower than float32 or, under an ISA cap, inexact
     (:func:`int_mm_exact`)."""
-    if kernels == "native" and precision == "int8" and not _cuda() and not cpu_features().int8_native:
+    import torch
+
+    int8_gemm = _quantizer(precision).gemm_dtype == torch.int8
+    if kernels == "native" and int8_gemm and not _cuda() and not cpu_features().int8_native:
         return "emulated"
     return kernels
 
@@ -159,10 +170,12 @@ def check_executable(precision: str, kernels: str, bf16_kernels: str) -> None:
     - ``train.autocast=bf16`` runs everywhere: autocast's bf16 operands and float32 accumulation
       are the same arithmetic on every CPU up to summation order, as float32 GEMMs are.
     """
-    if _cuda() or precision == "fp32":
+    import torch
+
+    if _cuda() or _quantizer(precision).lossless:
         return
     feats = cpu_features()
-    uses_bf16_gemm = precision in ("bf16", "w4a16") and kernels == "native"
+    uses_bf16_gemm = _quantizer(precision).gemm_dtype == torch.bfloat16 and kernels == "native"
     for key, value, needed in (("quant.bf16_kernels", bf16_kernels, bf16_kernels == "native"),
                                ("quant.kernels", kernels, uses_bf16_gemm)):
         if needed and not feats.bf16_native:

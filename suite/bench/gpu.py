@@ -49,7 +49,7 @@ MODELS = {
     "7B": dict(hidden=3584, intermediate=18944, heads=28, kv_heads=4, head_dim=128, layers=28),
     "32B": dict(hidden=5120, intermediate=27648, heads=40, kv_heads=8, head_dim=128, layers=64),
 }
-# QuRL's rollout speed-ups on H100 (SPEC.md), as (low, high) fractions.
+# QuRL's rollout speed-ups on H100 (arXiv 2602.13953, INT8 rollout vs BF16), as (low, high) fractions.
 PAPER_SPEEDUP = {"7B": (1.20, 1.30), "32B": (1.70, 1.90)}
 BATCHES = (32, 64, 128, 256, 512, 1024)  # decode batch sizes M (cuBLAS int8 needs M > 16)
 VARIANTS = ("bf16", "int8mm", "int8", "int8+q", "fp8", "fp8t", "fp8+q")

@@ -41,12 +41,13 @@ from suite.bench.common import (
     parse_list,
     set_threads,
 )
+from suite.core.quant import PRECISIONS
 
 PARTS = ("sweep", "mlflow", "report")
 COLUMNS = ("item", "n", "seconds", "per_item_ms", "share_of_run", "note")
 # The 1,000-cell grid: precision x correction x UAQ s x seed = 5 x 4 x 5 x 10.
 GRID = {
-    "quant": ["fp32", "bf16", "int8", "fp8", "w4a16"],
+    "quant": list(PRECISIONS),
     "correction": ["naive", "tis", "acr", "tbpo"],
     "uaq.s": ["1.0", "1.25", "1.5", "1.75", "2.0"],
     "seed": [str(i) for i in range(10)],

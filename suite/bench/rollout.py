@@ -32,8 +32,8 @@ from suite.bench.common import (
     set_threads,
     spread,
 )
+from suite.core.quant import PRECISIONS  # the quantizer registry: every precision
 
-PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
 COLUMNS = ("model", "d_model", "batch", "new_tokens", "precision", "kernels", "tokens_per_s", "ratio_vs_fp32",
            "ratio_vs_bf16", "gen_s", "spread", "sync_ms", "sync_pct_of_gen")
 PROFILE_COLUMNS = ("model", "batch", "precision", "gemm", "attention", "act_quant", "sampling", "other", "total_s",

@@ -35,8 +35,8 @@ from suite.bench.common import (
     parse_list,
     set_threads,
 )
+from suite.core.quant import PRECISIONS  # the quantizer registry: every precision
 
-PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
 PHASES = {  # column -> the trainer's timing keys that make it up
     "sync_s": ("timing_s/update_weights",),
     "gen_s": ("timing_s/gen",),

@@ -123,7 +123,7 @@ def mismatch_ratio_metrics(prox_logp: torch.Tensor, behav_logp: torch.Tensor, ma
 
 def policy_ratio_metrics(logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """``actor/ratio_p1``, ``_p50``, ``_p99``: token quantiles of the PPO ratio ``R = pi_theta / pi_prox``
-    over the valid tokens of one (mini/micro-)batch ([B, T] inputs); R is the SPEC's ratio whatever
+    over the valid tokens of one (mini/micro-)batch ([B, T] inputs); R is pi_theta / pi_prox whatever
     the clip anchor of the loss mode."""
     return ratio_quantile_metrics(logp.detach() - prox_logp.detach(), mask, "actor/")
 

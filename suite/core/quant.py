@@ -1,57 +1,63 @@
-"""Weight and activation quantizers of the rollout actor, and the quantization step.
+"""The quantizer registry: one :class:`Quantizer` per rollout precision, and the generic API.
 
-What the rollout engine runs (SPEC.md, "Quantization"):
+What the rollout engine runs (docs/math.md, "Quantization"): every precision is one entry of
+:data:`QUANTIZERS`, registered with :func:`register_quantizer` (the pattern of the correction
+registry in suite.core.losses, after verl's ``@register_policy_loss``): how it quantizes,
+decodes and fake-quantizes a weight, its quantization step, whether it quantizes activations
+too (W8A8), and which GEMM a native kernel runs. Config choices, report orders and bench lists
+derive from it; the backends keep what only they need beside it, keyed by the same names
+(suite.embedded.qlinear ``ENGINE_LINEARS``, suite.verl.rollout_quant ``VERL_ROLLOUTS``), and
+tests check that every precision has both (docs/architecture.md, "Add a precision").
 
-- INT8 W8A8 (QuRL, arXiv 2602.13953 Sec. 3): symmetric per-output-channel weights
-  ``W ~= codes * scale``, ``scale = max_j |W_ij| / 127``; dynamic per-token activations
-  quantized the same way along the feature axis.
-- FP8 E4M3 (QuRL; ``torch.float8_e4m3fn``, max finite 448): ``W ~= fp8(W / scale) * scale``
-  with ``scale = amax / 448`` taken per tensor, per output channel, or per 128x128 block
-  (the DeepSeek-V3 / vLLM block layout). Saturating: values are clamped to +-448 before
-  the cast, because E4M3FN has no inf and whether a plain cast of an out-of-range value
-  saturates or gives NaN depends on the torch version and device.
-- W4A16 (QaRL, arXiv 2604.07853): 4-bit group-wise weights along the input axis
-  (group 128 by default), 16-bit activations. Symmetric follows compressed-tensors /
-  llm-compressor (``scale = amax / 7.5``, codes in [-8, 7]); asymmetric uses an integer
-  zero point with 0 forced into the range (so zero is exact), codes in [0, 15].
+- fp32: no quantization (the reference); bf16: a bfloat16 round trip (the papers' baseline).
+- int8: W8A8 (QuRL, arXiv 2602.13953 Sec. 3): per-output-channel weights, per-token activations.
+- fp8: E4M3 weights (per tensor, per channel or 128x128 blocks) and per-token E4M3 activations.
+- w4a16: QaRL's (arXiv 2604.07853) 4-bit group-wise weights, 16-bit activations.
 
-Conventions shared by every quantizer here:
-
-- Rounding is round-half-to-even (``torch.round`` and the float8 cast), so every entry's
-  error is at most half of :func:`quant_step` at that entry.
-- Scales are float32, or float64 when the input is float64 (so a float64 reference model can
-  be quantized without float32 rounding in the way). An all-zero row/group/block gets
-  scale 0 and quantizes to exact zeros (the division uses a safe scale of 1).
-- A non-finite input raises ``ValueError`` naming the tensor (``name=``): a NaN weight would
-  otherwise silently poison a whole channel's scale.
-- Everything is vectorised; nothing loops over rows (it runs on every weight every RL step).
+The number formats themselves are in :mod:`suite.core.quant_formats` (re-exported here).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
-FP8_GRANULARITIES = ("per_tensor", "per_channel", "block")
-
-INT8_QMAX = 127  # symmetric: the -128 code is unused so that the grid is symmetric
-FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn: 1.75 * 2**8
-_FP8_MANT_BITS = 3
-_FP8_MIN_NORMAL_EXP = -6  # 2**-6 is the smallest normal E4M3 value; below it spacing is 2**-9
-# Precisions whose rollout also quantizes the activations (per token, dynamically): W8A8.
-W8A8_PRECISIONS = ("int8", "fp8")
-W4_SYM_QMIN, W4_SYM_QMAX = -8, 7
-W4_ASYM_QMAX = 15
+from suite.core.quant_formats import (
+    FP8_E4M3_MAX,
+    FP8_GRANULARITIES,
+    INT8_QMAX,
+    act_fp8,
+    act_int8,
+    check_finite,
+    dequantize_fp8_block,
+    dequantize_scaled,
+    dequantize_w4,
+    fake_quant_int8,
+    fake_quant_w4,
+    float_spacing,
+    from_groups,
+    group_len,
+    pad_last,
+    quantize_fp8,
+    quantize_int8_per_channel,
+    quantize_int8_per_token,
+    quantize_w4,
+    step_fp8,
+    step_int8,
+    step_w4,
+    work_dtype,
+)
 
 
 @dataclass(frozen=True)
 class QuantScheme:
     """How the rollout copy of a weight is quantized.
 
-    precision: "fp32" (no quantization), "bf16" (round trip through bfloat16), "int8" (W8A8,
-        per-output-channel weights), "fp8" (E4M3 weights), "w4a16" (4-bit group-wise weights).
+    precision: a name in :data:`QUANTIZERS` ("fp32" no quantization, "bf16" round trip through
+        bfloat16, "int8" W8A8 per-output-channel weights, "fp8" E4M3 weights, "w4a16" 4-bit
+        group-wise weights).
     fp8_granularity: scale layout for fp8 weights: "per_tensor" | "per_channel" | "block".
     block_size: side of the square fp8 weight block, in entries (128 as DeepSeek-V3 / vLLM).
     group_size: w4a16 group length along the input axis, in entries (128 as GPTQ / AWQ).
@@ -65,7 +71,7 @@ class QuantScheme:
     symmetric: bool = True
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
+        if self.precision not in QUANTIZERS:
             raise ValueError(f"QuantScheme.precision={self.precision!r}; allowed: {PRECISIONS}")
         if self.fp8_granularity not in FP8_GRANULARITIES:
             raise ValueError(
@@ -99,247 +105,116 @@ class QTensor:
     dtype: torch.dtype  # dtype of the original tensor; dequantize() returns it by default
 
 
-# ----------------------------------------------------------------------------- helpers
+Codes = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # (codes, scales, zeros)
 
 
-def _raise_non_finite(w: torch.Tensor, name: str | None) -> None:
-    n_nan = int(torch.isnan(w).sum())
-    n_inf = int(torch.isinf(w).sum())
-    raise ValueError(
-        f"cannot quantize {name or 'tensor'} (shape {tuple(w.shape)}): "
-        f"{n_nan} NaN and {n_inf} inf entries"
-    )
+@dataclass(frozen=True)
+class Quantizer:
+    """One rollout precision. The callables take the scheme and a tensor name for errors."""
+
+    name: str  # config choice (quant=<name>), MLflow tag value, report label
+    quantize: Callable[[torch.Tensor, QuantScheme, str | None], Codes]  # weight [out, in] -> QTensor parts
+    dequantize: Callable[[QTensor, torch.dtype], torch.Tensor]  # -> [out, in] in the dtype asked
+    # detached weight -> its rollout value in the same dtype (no gradient; fake_quant adds the STE)
+    fake_quant: Callable[[torch.Tensor, QuantScheme, str | None], torch.Tensor]
+    step: Callable[[torch.Tensor, QuantScheme, str | None], torch.Tensor]  # weight (work dtype) -> step, same shape
+    # operand dtype of the native GEMM the rollout runs (suite.hardware: which kernel must be fast)
+    gemm_dtype: torch.dtype
+    # W8A8: float32 rows [M, K] -> their per-row (per-token) round trip; None = 16-bit activations
+    act: Callable[[torch.Tensor, str | None], torch.Tensor] | None = None
+    lossless: bool = False  # nothing is quantized (fp32): fake_quant is the identity, nothing to align
+    low_bit: bool = True  # a low-bit rollout, not a 16/32-bit reference (report grouping)
 
 
-def _check_reduced(reduced: torch.Tensor, w: torch.Tensor, name: str | None) -> None:
-    # min/max reductions propagate NaN and inf, so checking the (small) reduced tensor is
-    # the same as checking w, without a separate full pass over every weight.
-    if reduced.numel() and not bool(torch.isfinite(reduced).all()):
-        _raise_non_finite(w, name)
+QUANTIZERS: dict[str, Quantizer] = {}  # name -> Quantizer, in registration (= report) order
 
 
-def _check_finite(w: torch.Tensor, name: str | None) -> None:
-    if w.numel():
-        mn, mx = torch.aminmax(w)
-        _check_reduced(torch.stack([mn, mx]), w, name)
+def register_quantizer(q: Quantizer) -> Quantizer:
+    """Add ``q`` to :data:`QUANTIZERS` (a name registered twice is an error)."""
+    if q.name in QUANTIZERS:
+        raise ValueError(f"quantizer {q.name!r} registered twice")
+    QUANTIZERS[q.name] = q
+    return q
 
 
-def _check_2d(w: torch.Tensor, name: str | None, what: str) -> None:
-    if w.dim() != 2:
-        raise ValueError(
-            f"{what} expects a 2-D weight [out, in]; {name or 'tensor'} has shape {tuple(w.shape)}"
-        )
+def _plain(q: QTensor, dtype: torch.dtype) -> torch.Tensor:
+    return q.codes.to(dtype)
 
 
-def _work_dtype(w: torch.Tensor) -> torch.dtype:
-    # float64 stays float64 so a float64 reference model is quantized without f32 rounding.
-    return torch.float64 if w.dtype == torch.float64 else torch.float32
+def _checked(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    def run(w: torch.Tensor, _scheme: QuantScheme, name: str | None) -> torch.Tensor:
+        check_finite(w, name)
+        return fn(w)
+
+    return run
 
 
-def _safe(scale: torch.Tensor) -> torch.Tensor:
-    # An all-zero row has scale 0: divide by 1 instead; its codes are then 0 anyway.
-    return torch.where(scale > 0, scale, torch.ones_like(scale))
+def _codes_only(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    def run(w: torch.Tensor, scheme: QuantScheme, name: str | None) -> Codes:
+        return _checked(fn)(w, scheme, name), None, None
+
+    return run
 
 
-def _absmax(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """max |x| along ``dim`` (kept), in one pass (aminmax) instead of abs() then amax()."""
-    mn, mx = torch.aminmax(x, dim=dim, keepdim=True)
-    return torch.maximum(mx, -mn)
+# fp32: the tensor as it is (a copy, so later in-place updates of the weight do not leak).
+register_quantizer(Quantizer(
+    "fp32", quantize=_codes_only(lambda w: w.detach().clone()), dequantize=_plain,
+    fake_quant=_checked(lambda w: w), step=_checked(lambda w: float_spacing(w, 23, -126)),
+    gemm_dtype=torch.float32, lossless=True, low_bit=False,
+))
+# bf16: round to nearest even bfloat16; the step is bf16's spacing (7 mantissa bits).
+register_quantizer(Quantizer(
+    "bf16", quantize=_codes_only(lambda w: w.to(torch.bfloat16)), dequantize=_plain,
+    fake_quant=_checked(lambda w: w.to(torch.bfloat16).to(w.dtype)), step=_checked(lambda w: float_spacing(w, 7, -126)),
+    gemm_dtype=torch.bfloat16, low_bit=False,
+))
+register_quantizer(Quantizer(
+    "int8",
+    quantize=lambda w, s, name: (*quantize_int8_per_channel(w, name=name), None),
+    dequantize=lambda q, dtype: dequantize_scaled(q.codes, q.scales, dtype),
+    fake_quant=lambda w, s, name: fake_quant_int8(w, name),
+    step=lambda w, s, name: step_int8(w, name),
+    gemm_dtype=torch.int8, act=act_int8,
+))
 
 
-def _pad_last(w: torch.Tensor, multiple: int) -> torch.Tensor:
-    pad = (-w.shape[-1]) % multiple
-    return torch.nn.functional.pad(w, (0, pad)) if pad else w
+def _fp8_dequantize(q: QTensor, dtype: torch.dtype) -> torch.Tensor:
+    s = q.scheme
+    if s.fp8_granularity == "block":
+        return dequantize_fp8_block(q.codes, q.scales, s.block_size, q.shape, dtype)
+    return dequantize_scaled(q.codes, q.scales, dtype)  # scales [out, 1] / [1, 1] broadcast
 
 
-def _tiles(x: torch.Tensor, b: int) -> torch.Tensor:
-    """[out, in] -> zero-padded tiles [OB, b, IB, b]."""
-    out_f, in_f = x.shape
-    ob, ib = -(-out_f // b), -(-in_f // b)
-    if (ob * b, ib * b) != (out_f, in_f):
-        x = torch.nn.functional.pad(x, (0, ib * b - in_f, 0, ob * b - out_f))  # [OB*b, IB*b]
-    return x.reshape(ob, b, ib, b)  # [OB, b, IB, b]
+register_quantizer(Quantizer(
+    "fp8",
+    quantize=lambda w, s, name: (*quantize_fp8(w, s.fp8_granularity, s.block_size, name=name), None),
+    dequantize=_fp8_dequantize,
+    fake_quant=lambda w, s, name: dequantize(quantize(w, s, name=name), w.dtype),
+    step=lambda w, s, name: step_fp8(w, s.fp8_granularity, s.block_size, name),
+    gemm_dtype=torch.float8_e4m3fn, act=act_fp8,
+))
 
 
-def _untile(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """Tiles [OB, b, IB, b] -> [out, in], padding trimmed."""
-    ob, b, ib, _ = t.shape
-    return t.reshape(ob * b, ib * b)[: shape[0], : shape[1]]  # [out, in]
+def _w4_quantize(w: torch.Tensor, s: QuantScheme, name: str | None) -> Codes:
+    out = quantize_w4(w, s.group_size, s.symmetric, name=name)
+    return out[0], out[1], (out[2] if len(out) == 3 else None)
 
 
-def _groups(x: torch.Tensor, g: int) -> torch.Tensor:
-    """[out, in] -> zero-padded groups [out, G, g] along the input axis."""
-    return _pad_last(x, g).reshape(x.shape[0], -1, g)  # [out, G, g]
+# w4a16: the rollout computes in bf16 on dequantized weights, so its native GEMM is a bf16 one.
+register_quantizer(Quantizer(
+    "w4a16",
+    quantize=_w4_quantize,
+    dequantize=lambda q, dtype: dequantize_w4(q.codes, q.scales, q.zeros, q.scheme.group_size, q.shape, dtype),
+    fake_quant=lambda w, s, name: fake_quant_w4(w, s.group_size, s.symmetric, name),
+    step=lambda w, s, name: step_w4(w, s.group_size, s.symmetric, name),
+    gemm_dtype=torch.bfloat16,
+))
 
-
-def _ungroup(t: torch.Tensor, in_f: int) -> torch.Tensor:
-    """Groups [out, G, g] -> [out, in], padding trimmed."""
-    return t.reshape(t.shape[0], -1)[:, :in_f]  # [out, in]
-
-
-def _group_len(group_size: int, in_f: int) -> int:
-    # A row shorter than a group is one (short) group.
-    return max(1, min(group_size, in_f))
-
-
-# ----------------------------------------------------------------------------- cores
-# Each core returns integer-valued float codes in a layout where the scales broadcast, so
-# fake_quant can multiply straight back (bit-identical to dequantize(quantize(w))) without
-# materialising per-entry scales or integer storage.
-
-
-def _div(t: torch.Tensor, c: float) -> torch.Tensor:
-    """``t / c`` as a true IEEE division on every device. CUDA compiles a division by a Python
-    scalar into a multiplication by its reciprocal, which is 1 ulp off for some inputs (measured
-    on an H200: 7 of 256 INT8 scales, then 5 of 131,072 codes off by one against the CPU);
-    dividing by a tensor is exact, so CPU and GPU quantize bit-identically."""
-    return t / torch.full_like(t, c)
-
-
-def _int8_core(xf: torch.Tensor, name: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    amax = _absmax(xf, -1)  # [..., 1]
-    _check_reduced(amax, xf, name)
-    scales = _div(amax, INT8_QMAX)  # [..., 1]
-    codes = torch.round_(xf / _safe(scales)).clamp_(-INT8_QMAX, INT8_QMAX)  # [..., in]
-    return codes, scales
-
-
-def _fp8_core(
-    wf: torch.Tensor, granularity: str, b: int, name: str | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (float8 codes [out, in] or tiles [OB, b, IB, b] for "block", stored scales)."""
-    if granularity == "per_tensor":
-        amax = _absmax(wf.reshape(1, -1), -1)  # [1, 1]
-        _check_reduced(amax, wf, name)
-        scales = _div(amax, FP8_E4M3_MAX)  # [1, 1]
-        x = wf / _safe(scales)  # [out, in]
-    elif granularity == "per_channel":
-        amax = _absmax(wf, -1)  # [out, 1]
-        _check_reduced(amax, wf, name)
-        scales = _div(amax, FP8_E4M3_MAX)  # [out, 1]
-        x = wf / _safe(scales)  # [out, in]
-    else:
-        tiles = _tiles(wf, b)  # [OB, b, IB, b]
-        amax = tiles.abs().amax(dim=(1, 3))  # [OB, IB]
-        _check_reduced(amax, wf, name)
-        scales = _div(amax, FP8_E4M3_MAX)  # [OB, IB]
-        x = tiles / _safe(scales)[:, None, :, None]  # [OB, b, IB, b]
-    # Saturate before the cast: E4M3FN has no inf, an out-of-range cast would give NaN.
-    codes = x.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
-    return codes, scales
-
-
-def _w4_core(
-    wf: torch.Tensor, group_size: int, symmetric: bool, name: str | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """-> (float codes in groups [out, G, g], scales [out, G], zeros [out, G] or None)."""
-    g = _group_len(group_size, wf.shape[-1])
-    # Zero padding is harmless: it changes neither the absmax nor a range that contains 0.
-    groups = _groups(wf, g)  # [out, G, g]
-    if symmetric:
-        amax = _absmax(groups, -1)  # [out, G, 1]
-        _check_reduced(amax, wf, name)
-        scales = _div(amax, W4_SYM_QMAX + 0.5)  # [out, G, 1]
-        codes = torch.round_(groups / _safe(scales)).clamp_(W4_SYM_QMIN, W4_SYM_QMAX)
-        return codes, scales.squeeze(-1), None
-    mn, mx = torch.aminmax(groups, dim=-1, keepdim=True)  # [out, G, 1] each
-    _check_reduced(torch.cat([mn, mx], -1), wf, name)
-    lo, hi = mn.clamp(max=0.0), mx.clamp(min=0.0)  # 0 inside the range -> 0 is exact
-    scales = _div(hi - lo, W4_ASYM_QMAX)  # [out, G, 1]
-    safe = _safe(scales)
-    zeros = torch.round_(-lo / safe).clamp_(0, W4_ASYM_QMAX)  # [out, G, 1]
-    codes = torch.round_(groups / safe).add_(zeros).clamp_(0, W4_ASYM_QMAX)  # [out, G, g]
-    return codes, scales.squeeze(-1), zeros.squeeze(-1)
-
-
-# ----------------------------------------------------------------------------- INT8
-
-
-def quantize_int8_per_channel(
-    w: torch.Tensor, *, name: str | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-output-channel INT8 weights (QuRL W8A8; as vLLM / SmoothQuant W8A8).
-
-    ``scale_i = max_j |W_ij| / 127``, ``codes = clamp(round(W / scale), -127, 127)``.
-    w [out, in] -> (codes int8 [out, in], scales [out, 1]).
-    """
-    _check_2d(w, name, "quantize_int8_per_channel")
-    return quantize_int8_per_token(w, name=name)  # same math: amax along the last (input) axis
-
-
-def quantize_int8_per_token(
-    x: torch.Tensor, *, name: str | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic symmetric per-token INT8 activations (QuRL W8A8 activations).
-
-    x [..., in] -> (codes int8 [..., in], scales [..., 1]); each token's scale is its own
-    absmax / 127, computed on the fly (no calibration).
-    """
-    codes, scales = _int8_core(x.to(_work_dtype(x)), name)
-    return codes.to(torch.int8), scales
-
-
-# ----------------------------------------------------------------------------- FP8
-
-
-def quantize_fp8(
-    w: torch.Tensor,
-    granularity: str = "per_channel",
-    block_size: int = 128,
-    *,
-    name: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP8 E4M3 weights with a saturating cast (QuRL FP8 rollout; vLLM fp8 weight layouts).
-
-    ``scale = amax / 448`` over the tensor, each output row, or each ``block x block`` tile
-    (DeepSeek-V3 block layout); ``codes = float8_e4m3fn(clamp(W / scale, -448, 448))``
-    (round-to-nearest-even cast).
-    w [out, in] -> (codes float8_e4m3fn [out, in], scales [1, 1] | [out, 1] | [OB, IB]).
-    """
-    if granularity not in FP8_GRANULARITIES:
-        raise ValueError(f"fp8 granularity {granularity!r}; allowed: {FP8_GRANULARITIES}")
-    _check_2d(w, name, "quantize_fp8")
-    codes, scales = _fp8_core(w.to(_work_dtype(w)), granularity, block_size, name)
-    if granularity == "block":
-        # float8 has few kernels on CPU: untile through uint8, bit-exact.
-        codes = _untile(codes.view(torch.uint8), w.shape).contiguous().view(torch.float8_e4m3fn)
-    return codes, scales
-
-
-# ----------------------------------------------------------------------------- W4A16
-
-
-def quantize_w4(
-    w: torch.Tensor,
-    group_size: int = 128,
-    symmetric: bool = True,
-    *,
-    name: str | None = None,
-) -> tuple[torch.Tensor, ...]:
-    """4-bit group-wise weights along the input axis (QaRL W4A16; GPTQ/AWQ group layout).
-
-    Symmetric (compressed-tensors / llm-compressor convention): ``scale = amax_group / 7.5``,
-    ``codes = clamp(round(W / scale), -8, 7)`` (int8 storage); returns ``(codes, scales)``.
-
-    Asymmetric (integer zero point; 0 forced into the range as compressed-tensors does, so 0
-    is exact and every error stays within half a step):
-    ``lo = min(min_g W, 0)``, ``hi = max(max_g W, 0)``, ``scale = (hi - lo) / 15``,
-    ``zero = clamp(round(-lo / scale), 0, 15)``, ``codes = clamp(round(W / scale) + zero, 0, 15)``
-    (uint8 storage); returns ``(codes, scales, zeros)`` -- the only quantizer with a third
-    output, since the zero point is what makes it asymmetric. Decode: ``(codes - zero) * scale``.
-
-    w [out, in] -> codes [out, in], scales [out, G], zeros uint8 [out, G]; G = ceil(in / g),
-    g = min(group_size, in) (a row shorter than a group is one group). One code per byte:
-    packing two per byte is a kernel concern.
-    """
-    _check_2d(w, name, "quantize_w4")
-    if group_size < 1:
-        raise ValueError(f"group_size={group_size}; must be >= 1")
-    codes, scales, zeros = _w4_core(w.to(_work_dtype(w)), group_size, symmetric, name)
-    codes = _ungroup(codes, w.shape[-1]).contiguous()  # [out, in]
-    if symmetric:
-        return codes.to(torch.int8), scales
-    return codes.to(torch.uint8), scales, zeros.to(torch.uint8)
+PRECISIONS = tuple(QUANTIZERS)  # fp32 | bf16 | int8 | fp8 | w4a16
+# Precisions whose rollout also quantizes the activations (per token, dynamically): W8A8.
+W8A8_PRECISIONS = tuple(n for n, q in QUANTIZERS.items() if q.act is not None)
+LOW_BIT_PRECISIONS = tuple(n for n, q in QUANTIZERS.items() if q.low_bit)
+REFERENCE_PRECISIONS = tuple(n for n, q in QUANTIZERS.items() if not q.low_bit)
 
 
 # ----------------------------------------------------------------------------- generic API
@@ -347,22 +222,7 @@ def quantize_w4(
 
 def quantize(w: torch.Tensor, scheme: QuantScheme, *, name: str | None = None) -> QTensor:
     """Quantize a weight [out, in] with ``scheme``; see :class:`QTensor` for the layouts."""
-    p = scheme.precision
-    zeros = None
-    if p == "fp32":  # no quantization: the tensor as it is (so fake_quant is the identity)
-        _check_finite(w, name)
-        codes, scales = w.detach().clone(), None  # a copy: later in-place updates must not leak
-    elif p == "bf16":
-        _check_finite(w, name)
-        codes, scales = w.to(torch.bfloat16), None
-    elif p == "int8":
-        codes, scales = quantize_int8_per_channel(w, name=name)
-    elif p == "fp8":
-        codes, scales = quantize_fp8(w, scheme.fp8_granularity, scheme.block_size, name=name)
-    else:  # w4a16; QuantScheme validated the name
-        out = quantize_w4(w, scheme.group_size, scheme.symmetric, name=name)
-        codes, scales = out[0], out[1]
-        zeros = out[2] if len(out) == 3 else None
+    codes, scales, zeros = QUANTIZERS[scheme.precision].quantize(w, scheme, name)
     return QTensor(codes=codes, scales=scales, zeros=zeros, scheme=scheme, shape=w.shape, dtype=w.dtype)
 
 
@@ -372,21 +232,7 @@ def dequantize(q: QTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     Inverse of :func:`quantize` up to the rounding error, at most half of :func:`quant_step`
     per entry; ``dequantize(quantize(w, s))`` is bit-identical to ``fake_quant(w, s)``.
     """
-    dtype = q.dtype if dtype is None else dtype
-    s = q.scheme
-    if q.scales is None:  # fp32 / bf16
-        return q.codes.to(dtype)
-    sd = q.scales.dtype
-    if s.precision == "w4a16":
-        g = _group_len(s.group_size, q.shape[-1])
-        codes = _groups(q.codes.to(sd), g)  # [out, G, g]
-        if q.zeros is not None:
-            codes = codes.sub_(q.zeros.to(sd)[..., None])
-        return _ungroup(codes.mul_(q.scales[..., None]), q.shape[-1]).to(dtype)  # [out, in]
-    if s.precision == "fp8" and s.fp8_granularity == "block":
-        tiles = _tiles(q.codes.to(sd), s.block_size)  # [OB, b, IB, b]
-        return _untile(tiles.mul_(q.scales[:, None, :, None]), q.shape).to(dtype)  # [out, in]
-    return (q.codes.to(sd) * q.scales).to(dtype)  # scales [out, 1] / [1, 1] broadcast
+    return QUANTIZERS[q.scheme.precision].dequantize(q, q.dtype if dtype is None else dtype)
 
 
 def fake_quant(
@@ -400,27 +246,11 @@ def fake_quant(
     detached (rounding has zero derivative almost everywhere, nothing useful flows back).
     "fp32" is the identity (``w`` itself); "bf16" is a bfloat16 round trip.
     """
-    p = scheme.precision
-    if p == "fp32":
-        _check_finite(w, name)
-        return w
+    qz = QUANTIZERS[scheme.precision]
+    if qz.lossless:
+        return qz.fake_quant(w, scheme, name)
     with torch.no_grad():
-        wd = w.detach()
-        if p == "bf16":
-            _check_finite(wd, name)
-            q = wd.to(torch.bfloat16).to(w.dtype)
-        elif p == "int8":
-            _check_2d(wd, name, "fake_quant(int8)")
-            codes, scales = _int8_core(wd.to(_work_dtype(wd)), name)
-            q = codes.mul_(scales).to(w.dtype)
-        elif p == "w4a16":
-            _check_2d(wd, name, "fake_quant(w4a16)")
-            codes, scales, zeros = _w4_core(wd.to(_work_dtype(wd)), scheme.group_size, scheme.symmetric, name)
-            if zeros is not None:
-                codes = codes.sub_(zeros[..., None])
-            q = _ungroup(codes.mul_(scales[..., None]), wd.shape[-1]).to(w.dtype)  # [out, in]
-        else:
-            q = dequantize(quantize(wd, scheme, name=name), w.dtype)
+        q = qz.fake_quant(w.detach(), scheme, name)
     if ste and w.requires_grad:
         # q + (w - w.detach()) has value exactly q (w - w is exactly 0) and d/dw = 1.
         return q + (w - w.detach())
@@ -438,7 +268,7 @@ def fake_quant_act(
     """Dynamic per-token activation fake-quant of a W8A8 rollout, in ``x``'s dtype.
 
     What the rollout's int8 / fp8 linears do to their input (QuRL W8A8, arXiv 2602.13953
-    Sec. 3; suite.embedded.engine ``Int8Linear`` / ``Fp8Linear``), so that QaRL's rollout-aligned
+    Sec. 3; suite.embedded.qlinear ``Int8Linear`` / ``Fp8Linear``), so that QaRL's rollout-aligned
     forward (arXiv 2604.07853) can apply it too: each token (a row along the last axis, the
     features) gets its own scale, computed on the fly in float32 from ``x.float()`` as the
     engine and vLLM's quant kernels do.
@@ -447,7 +277,8 @@ def fake_quant_act(
       (:func:`quantize_int8_per_token`).
     - "fp8": ``s = max |x| / 448``, value ``e4m3(clamp(x / s, +-448)) * s`` (:func:`quantize_fp8`
       "per_channel" on the rows).
-    - "fp32", "bf16", "w4a16": 16-bit (or full) activations: ``x`` itself, unchanged.
+    - every precision without ``Quantizer.act`` (fp32, bf16, w4a16): 16-bit (or full)
+      activations: ``x`` itself, unchanged.
 
     ``group_size``: None = one scale per token; an int g = one scale per token and per group
     of g consecutive features (vLLM's block-FP8 linear quantizes activations in 1 x 128 groups
@@ -455,8 +286,8 @@ def fake_quant_act(
     fake-quantized ``x``, gradient the identity (as :func:`fake_quant`); otherwise detached.
     x [..., K] -> [..., K].
     """
-    p = scheme.precision
-    if p not in W8A8_PRECISIONS or x.numel() == 0:
+    act = QUANTIZERS[scheme.precision].act
+    if act is None or x.numel() == 0:
         return x
     with torch.no_grad():
         xd = x.detach()
@@ -464,36 +295,15 @@ def fake_quant_act(
         rows = xd.reshape(-1, k).float()  # [M, K] float32, as the engine's x.float()
         m = rows.shape[0]
         if group_size is not None:
-            g = _group_len(group_size, k)
-            rows = _pad_last(rows, g).reshape(-1, g)  # [M * G, g]; zero padding leaves amax as it is
-        if p == "int8":
-            codes, scales = _int8_core(rows, name)  # [rows, g or K], [rows, 1]
-            q = codes.mul_(scales)
-        else:
-            codes, scales = _fp8_core(rows, "per_channel", 1, name)  # one scale per row
-            q = codes.to(torch.float32).mul_(scales)
+            g = group_len(group_size, k)
+            rows = pad_last(rows, g).reshape(-1, g)  # [M * G, g]; zero padding leaves amax as it is
+        q = act(rows, name)  # [rows, g or K]
         if group_size is not None:
-            q = _ungroup(q.reshape(m, -(-k // g), g), k)  # [M, G, g] -> [M, K]
+            q = from_groups(q.reshape(m, -(-k // g), g), k)  # [M, G, g] -> [M, K]
         q = q.reshape(xd.shape).to(x.dtype)  # [..., K]
     if ste and x.requires_grad:
         return q + (x - x.detach())  # value exactly q, d/dx = 1
     return q
-
-
-def _float_spacing(y: torch.Tensor, mant_bits: int, min_normal_exp: int) -> torch.Tensor:
-    """Gap between consecutive values of a binary float format at |y| (y float32/float64).
-
-    For |y| in [2**e, 2**(e+1)) the gap is 2**(e - mant_bits); below the smallest normal
-    2**min_normal_exp it is the subnormal gap 2**(min_normal_exp - mant_bits). 2**e is read
-    off the exponent bits (masking the mantissa), which is exact and cheaper than frexp.
-    """
-    a = y.abs().clamp_(min=2.0**min_normal_exp)
-    if a.dtype == torch.float64:
-        pow2 = (a.view(torch.int64) & 0x7FF0000000000000).view(torch.float64)
-    else:
-        a = a.to(torch.float32)
-        pow2 = (a.view(torch.int32) & 0x7F800000).view(torch.float32)
-    return pow2.mul_(2.0**-mant_bits)
 
 
 def quant_step(w: torch.Tensor, scheme: QuantScheme, *, name: str | None = None) -> torch.Tensor:
@@ -510,39 +320,21 @@ def quant_step(w: torch.Tensor, scheme: QuantScheme, *, name: str | None = None)
     An all-zero row has step 0 (its quantization is exact). Returned in float32 (float64 for
     float64 ``w``), without gradient.
     """
-    p = scheme.precision
-    wd = w.detach().to(_work_dtype(w))
-    if p in ("fp32", "bf16"):
-        _check_finite(wd, name)
-        return _float_spacing(wd, 23 if p == "fp32" else 7, -126)
-    _check_2d(wd, name, f"quant_step({p})")
-    if p == "int8":
-        amax = _absmax(wd, -1)  # [out, 1]
-        _check_reduced(amax, wd, name)
-        return _div(amax, INT8_QMAX).expand(wd.shape).contiguous()  # [out, in]
-    if p == "w4a16":
-        _, scales, _ = _w4_core(wd, scheme.group_size, scheme.symmetric, name)  # [out, G]
-        g = _group_len(scheme.group_size, wd.shape[-1])
-        per_group = scales[..., None].expand(*scales.shape, g)  # [out, G, g]
-        return _ungroup(per_group, wd.shape[-1]).contiguous()  # [out, in]
-    _, scales = _fp8_core(wd, scheme.fp8_granularity, scheme.block_size, name)
-    if scheme.fp8_granularity == "block":
-        tiles = _tiles(wd, scheme.block_size)  # [OB, b, IB, b]
-        sc = scales[:, None, :, None]  # [OB, 1, IB, 1]
-        y = (tiles / _safe(sc)).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
-        step = _float_spacing(y, _FP8_MANT_BITS, _FP8_MIN_NORMAL_EXP).mul_(sc)  # [OB, b, IB, b]
-        return _untile(step, wd.shape).contiguous()  # [out, in]
-    y = (wd / _safe(scales)).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)  # [out, in]
-    return _float_spacing(y, _FP8_MANT_BITS, _FP8_MIN_NORMAL_EXP).mul_(scales)  # [out, in]
+    return QUANTIZERS[scheme.precision].step(w.detach().to(work_dtype(w)), scheme, name)
 
 
 __all__ = [
     "FP8_E4M3_MAX",
     "FP8_GRANULARITIES",
+    "INT8_QMAX",
+    "LOW_BIT_PRECISIONS",
     "PRECISIONS",
+    "QUANTIZERS",
+    "REFERENCE_PRECISIONS",
     "W8A8_PRECISIONS",
     "QTensor",
     "QuantScheme",
+    "Quantizer",
     "dequantize",
     "fake_quant",
     "fake_quant_act",
@@ -552,4 +344,5 @@ __all__ = [
     "quantize_int8_per_channel",
     "quantize_int8_per_token",
     "quantize_w4",
+    "register_quantizer",
 ]

@@ -6,6 +6,8 @@ A batch is left-padded prompts followed by right-padded responses (docs/architec
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -52,3 +54,45 @@ def pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
         return x
     pad = torch.full((*x.shape[:-1], width - x.shape[-1]), value, dtype=x.dtype)
     return torch.cat([x, pad], dim=-1)  # [B, width]
+
+
+@dataclass
+class Batch:
+    """One step's rollouts, packed (docs/architecture.md layout)."""
+
+    tokens: torch.Tensor  # [N, P + R] long
+    attention_mask: torch.Tensor  # [N, P + R] bool
+    start: int  # P
+    response_mask: torch.Tensor  # [N, R] float
+    behav_logp: torch.Tensor  # [N, R]
+    scores: torch.Tensor  # [N] reward after shaping
+    correct: torch.Tensor  # [N] 0/1 verifier outcome
+    lengths: torch.Tensor  # [N] response tokens
+    truncated: torch.Tensor  # [N] bool: hit max_new_tokens without the stop token
+
+
+def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
+    if len(batches) == 1:
+        return batches[0]
+    p_len = max(b.start for b in batches)
+    r_len = max(b.response_mask.shape[1] for b in batches)
+    toks, masks = zip(*(repad(b.tokens, b.attention_mask, b.start, p_len, r_len, pad_id) for b in batches))
+    return Batch(
+        tokens=torch.cat(toks),
+        attention_mask=torch.cat(masks),
+        start=p_len,
+        response_mask=torch.cat([pad_right(b.response_mask, r_len, 0.0) for b in batches]),
+        behav_logp=torch.cat([pad_right(b.behav_logp, r_len, 0.0) for b in batches]),
+        scores=torch.cat([b.scores for b in batches]),
+        correct=torch.cat([b.correct for b in batches]),
+        lengths=torch.cat([b.lengths for b in batches]),
+        truncated=torch.cat([b.truncated for b in batches]),
+    )
+
+
+def select_rows(b: Batch, idx: torch.Tensor) -> Batch:
+    return Batch(
+        tokens=b.tokens[idx], attention_mask=b.attention_mask[idx], start=b.start,
+        response_mask=b.response_mask[idx], behav_logp=b.behav_logp[idx], scores=b.scores[idx],
+        correct=b.correct[idx], lengths=b.lengths[idx], truncated=b.truncated[idx],
+    )

@@ -16,7 +16,7 @@ masked out, so a sequence's logits never depend on its padding or its batch-mate
 
 Attention is written with plain matmuls: on the 2-core CPUs this suite targets,
 ``scaled_dot_product_attention`` with one query token was 2-4x slower than two matmuls
-(issue 7), and a training forward + backward ("small", B 64, T 64, with a padding mask) was
+(measured: suite bench peer), and a training forward + backward ("small", B 64, T 64, with a padding mask) was
 1.2x slower with it than with these matmuls.
 """
 
@@ -64,7 +64,7 @@ PRESETS: dict[str, dict] = {
     # 49.7M
     "large": dict(d_model=640, n_layers=10, n_heads=10, d_ff=1728, max_seq_len=256),
     # 13.7M in few wide layers: the INT8 speed benchmark (W8A8 pays off from d_model ~512 on
-    # CPUs with VNNI, issue 3).
+    # CPUs with VNNI: suite bench rollout).
     "wide": dict(d_model=512, n_layers=4, n_heads=8, d_ff=1536, max_seq_len=256),
 }
 
@@ -367,7 +367,7 @@ _HF_NAMES = {
 
 def to_hf_llama(model: Transformer) -> tuple[dict, dict[str, torch.Tensor]]:
     """``(LlamaConfig kwargs, state_dict)`` of the same network as Hugging Face's
-    ``LlamaForCausalLM``, for side-by-side benchmarks against ``generate`` (issue 7). No
+    ``LlamaForCausalLM``, for side-by-side benchmarks against ``generate`` (suite bench peer). No
     transformers import here: ``LlamaForCausalLM(LlamaConfig(**kw)).load_state_dict(sd)``."""
     c = model.cfg
     kw = dict(vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,

@@ -39,46 +39,30 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 from dataclasses import dataclass
 
-from suite.embedded.tokenizer import EOS, PAD
+from suite.config import FLAW_OPS
+from suite.embedded.traces import (  # noqa: F401  (re-exported: the tasks' public names)
+    ANSWER_MARKER,
+    MAX_VALUE,
+    STEP_SEP,
+    Example,
+    Level,
+    Reject,
+    Step,
+    apply_op,
+    extract_answer,
+    flawed_response,
+    format_trace,
+)
+from suite.embedded.word_problems import WORD_LEVELS, WORD_TEMPLATES
 
 TASK_NAMES: tuple[str, ...] = ("arith", "word")
 SPLITS: tuple[str, ...] = ("train", "eval")
 DEFAULT_DIFFICULTY: dict[str, int] = {"arith": 2, "word": 2}
 
-MAX_VALUE = 999  # bound on every operand, intermediate result and answer (at most 3 digits)
-ANSWER_MARKER = "#"  # the final answer follows the last marker of a response
-STEP_SEP = ";"  # ends every step equation of a trace
 EVAL_FRACTION = 0.2  # share of the prompt space held out for evaluation (by prompt hash)
 _MAX_SAMPLE_TRIES = 10_000  # rejection-sampling attempts before declaring a level impossible
-
-Step = tuple[int, str, int, int]  # (a, op, b, result) of one equation "a<op>b=result"
-
-
-@dataclass(frozen=True)
-class Example:
-    """One task instance: ``prompt`` is the model input, ``response`` the target trace
-    (intermediate equations, then ``#answer``; no ``<eos>``), ``answer`` the integer answer as
-    a decimal string."""
-
-    prompt: str
-    response: str
-    answer: str
-
-
-@dataclass(frozen=True)
-class Level:
-    """The knobs of one difficulty level of one task."""
-
-    n_steps: int  # reasoning steps = equations in the trace (arith: operations)
-    lo: int  # smallest number drawn for the prompt
-    hi: int  # largest number drawn for the prompt
-    paren_prob: float  # arith only: probability of one parenthesised sub-expression
-    max_prompt_chars: int  # longest prompt allowed (chars = tokens); longer draws are rejected
-    max_response_chars: int  # longest trace allowed, answer included, <eos> excluded
-
 
 # Arithmetic: difficulty d has d+1 operands (d operations). Default 2: "12+7*3=".
 ARITH_LEVELS: dict[int, Level] = {
@@ -88,43 +72,7 @@ ARITH_LEVELS: dict[int, Level] = {
     4: Level(n_steps=4, lo=0, hi=30, paren_prob=0.5, max_prompt_chars=28, max_response_chars=64),
 }
 
-# Word problems: difficulty d has d+1 reasoning steps (2-4, as GSM8K's short problems).
-WORD_LEVELS: dict[int, Level] = {
-    1: Level(n_steps=2, lo=2, hi=9, paren_prob=0.0, max_prompt_chars=72, max_response_chars=24),
-    2: Level(n_steps=3, lo=2, hi=9, paren_prob=0.0, max_prompt_chars=80, max_response_chars=28),
-    3: Level(n_steps=4, lo=2, hi=20, paren_prob=0.0, max_prompt_chars=112, max_response_chars=48),
-}
-
 _LEVELS: dict[str, dict[int, Level]] = {"arith": ARITH_LEVELS, "word": WORD_LEVELS}
-
-
-class _Reject(Exception):
-    """A draw broke a constraint (negative, too large, inexact division, too long): redraw."""
-
-
-def _apply(a: int, op: str, b: int) -> Step:
-    """One checked equation; raises ``_Reject`` unless the result is an integer in range."""
-    if op == "+":
-        r = a + b
-    elif op == "-":
-        r = a - b
-    elif op == "*":
-        r = a * b
-    elif op == "/":
-        if b == 0 or a % b:
-            raise _Reject
-        r = a // b
-    else:
-        raise ValueError(f"unknown operator {op!r}")
-    if not 0 <= r <= MAX_VALUE:
-        raise _Reject
-    return (a, op, b, r)
-
-
-def format_trace(steps: list[Step]) -> str:
-    """``[(7,'*',3,21), (12,'+',21,33)]`` -> ``"7*3=21;12+21=33;#33"``."""
-    eqs = "".join(f"{a}{op}{b}={r}{STEP_SEP}" for a, op, b, r in steps)
-    return f"{eqs}{ANSWER_MARKER}{steps[-1][3]}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +117,7 @@ def _evaluate(toks: list[str]) -> list[Step]:
         v = atom()
         while pos < len(toks) and toks[pos] == "*":
             pos += 1
-            steps.append(_apply(v, "*", atom()))
+            steps.append(apply_op(v, "*", atom()))
             v = steps[-1][3]
         return v
 
@@ -179,163 +127,13 @@ def _evaluate(toks: list[str]) -> list[Step]:
         while pos < len(toks) and toks[pos] in "+-":
             op = toks[pos]
             pos += 1
-            steps.append(_apply(v, op, term()))
+            steps.append(apply_op(v, op, term()))
             v = steps[-1][3]
         return v
 
     expr()
     assert pos == len(toks)
     return steps
-
-
-# ---------------------------------------------------------------------------------------------
-# word: GSM8K-style templates, terse so that difficulty 2 fits 80 prompt / 28 response chars
-# ---------------------------------------------------------------------------------------------
-
-NAMES: tuple[str, ...] = (
-    "Ann", "Bo", "Cy", "Di", "Ed", "Fay", "Gus", "Hal", "Ivy", "Jo",
-    "Kim", "Lu", "Max", "Ned", "Pam", "Raj", "Sam", "Tom", "Uma", "Val",
-)  # fmt: skip
-ITEMS: tuple[str, ...] = (
-    "pens", "eggs", "cards", "books", "cups", "nuts", "beads", "coins", "shells", "apples",
-)  # fmt: skip
-
-
-def _inventory(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
-    """"Ann has 5 pens, buys 3, loses 2, doubles them. Pens?" -> a chain of k moves."""
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    v = start = rng.randint(lvl.lo, lvl.hi)
-    steps, moves = [], []
-    for _ in range(lvl.n_steps):
-        verb = rng.choice(("buys", "gets", "finds", "loses", "sells", "doubles", "triples"))
-        if verb in ("doubles", "triples"):
-            op, b, text = "*", 2 if verb == "doubles" else 3, f"{verb} them"
-        else:
-            b = rng.randint(lvl.lo, lvl.hi)
-            op, text = ("-" if verb in ("loses", "sells") else "+"), f"{verb} {b}"
-        steps.append(_apply(v, op, b))
-        v = steps[-1][3]
-        moves.append(text)
-    return f"{name} has {start} {item}, {', '.join(moves)}. {item.capitalize()}?", steps
-
-
-def _shopping(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
-    """Buying at a unit price, paying with a round sum: "... pays 20. Change?"."""
-    num = lambda: rng.randint(lvl.lo, lvl.hi)  # noqa: E731
-    name, item, item2 = rng.choice(NAMES), *rng.sample(ITEMS, 2)
-    a, p = num(), num()
-    steps = [_apply(a, "*", p)]
-    if lvl.n_steps == 2:
-        what = f"{a} {item} at {p} each"
-    elif lvl.n_steps == 3:
-        q = num()
-        steps.append(_apply(steps[-1][3], "+", q))
-        what = f"{a} {item} at {p} each and a bag at {q}"
-    else:
-        b, q = num(), num()
-        steps.append(_apply(b, "*", q))
-        steps.append(_apply(steps[0][3], "+", steps[1][3]))
-        what = f"{a} {item} at {p} each and {b} {item2} at {q} each"
-    cost = steps[-1][3]
-    paid = (cost // 10 + 1) * 10 + 10 * rng.randint(0, 1)  # a round sum above the cost
-    steps.append(_apply(paid, "-", cost))
-    return f"{name} buys {what}, pays {paid}. Change?", steps
-
-
-def _sharing(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
-    """Sharing equally, exact division only: "... shares them equally among 3. Each?"."""
-    num = lambda: rng.randint(lvl.lo, lvl.hi)  # noqa: E731
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    a, b = num(), num()
-    steps = [_apply(a, "*", b)]
-    if lvl.n_steps == 2:
-        have, rest = f"{a} bags of {b} {item}", "them"
-    elif lvl.n_steps == 3:
-        c = num()
-        steps.append(_apply(steps[-1][3], "-", c))
-        have, rest = f"{a} bags of {b} {item}, keeps {c}", "the rest"
-    else:
-        c, e = num(), num()
-        steps.append(_apply(steps[-1][3], "+", c))
-        steps.append(_apply(steps[-1][3], "-", e))
-        have, rest = f"{a} bags of {b} {item} and {c} more, keeps {e}", "the rest"
-    total = steps[-1][3]
-    divisors = [d for d in range(2, 10) if total % d == 0 and total > 0]
-    if not divisors:
-        raise _Reject
-    d = rng.choice(divisors)
-    steps.append(_apply(total, "/", d))
-    return f"{name} has {have}, shares {rest} equally among {d}. Each?", steps
-
-
-def _groups(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
-    """Groups of items plus loose ones: "Di has 3 boxes of 5 eggs and 4 more. Eggs?"."""
-    num = lambda: rng.randint(lvl.lo, lvl.hi)  # noqa: E731
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    a, b = num(), num()
-    steps = [_apply(a, "*", b)]
-    if lvl.n_steps == 4:
-        c, d, e = num(), num(), num()
-        steps.append(_apply(c, "*", d))
-        steps.append(_apply(steps[0][3], "+", steps[1][3]))
-        steps.append(_apply(steps[-1][3], "-", e))
-        have = f"{a} boxes of {b} {item} and {c} bags of {d}, loses {e}"
-    else:
-        c = num()
-        steps.append(_apply(steps[-1][3], "+", c))
-        have = f"{a} boxes of {b} {item} and {c} more"
-        if lvl.n_steps == 3:
-            e = num()
-            steps.append(_apply(steps[-1][3], "-", e))
-            have += f", loses {e}"
-    return f"{name} has {have}. {item.capitalize()}?", steps
-
-
-def _age(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
-    """Ages relative to one another, then a shift in time: "... Gus in 4 years?"."""
-    people = rng.sample(NAMES, lvl.n_steps)
-    v = rng.randint(lvl.lo, lvl.hi)
-    text, steps = [f"{people[0]} is {v}."], []
-    for prev, who in zip(people, people[1:]):  # n_steps - 1 relations
-        rel = rng.choice(("older", "younger", "twice"))
-        if rel == "twice":
-            steps.append(_apply(v, "*", 2))
-            text.append(f"{who} is twice {prev}'s age.")
-        else:
-            b = rng.randint(lvl.lo, lvl.hi)
-            steps.append(_apply(v, "+" if rel == "older" else "-", b))
-            text.append(f"{who} is {b} {rel} than {prev}.")
-        v = steps[-1][3]
-    b = rng.randint(lvl.lo, lvl.hi)
-    if rng.random() < 0.5:
-        steps.append(_apply(v, "+", b))
-        text.append(f"{people[-1]} in {b} years?")
-    else:
-        steps.append(_apply(v, "-", b))
-        text.append(f"{people[-1]} {b} years ago?")
-    return " ".join(text), steps
-
-
-def _savings(rng: random.Random, lvl: Level) -> tuple[str, list[Step]]:
-    """Saving at a weekly rate, then spending: "Jo saves 4 a week for 3 weeks, spends 5. Left?"."""
-    num = lambda: rng.randint(lvl.lo, lvl.hi)  # noqa: E731
-    name = rng.choice(NAMES)
-    a, b, c = num(), num(), num()
-    steps = [_apply(a, "*", b)]
-    head = f"{name} saves {a} a week for {b} weeks"
-    if lvl.n_steps >= 3:
-        s = num()
-        steps.append(_apply(s, "+", steps[-1][3]))
-        head = f"{name} has {s}, saves {a} a week for {b} weeks"
-    steps.append(_apply(steps[-1][3], "-", c))
-    tail = f"spends {c}"
-    if lvl.n_steps == 4:
-        steps.append(_apply(steps[-1][3], "/", 2))
-        tail += ", gives half away"
-    return f"{head}, {tail}. Left?", steps
-
-
-WORD_TEMPLATES = (_inventory, _shopping, _sharing, _groups, _age, _savings)
 
 
 _TEMPLATES = {"arith": (_arith_problem,), "word": WORD_TEMPLATES}
@@ -345,27 +143,6 @@ _TEMPLATES = {"arith": (_arith_problem,), "word": WORD_TEMPLATES}
 # Task, verification, splits
 # ---------------------------------------------------------------------------------------------
 
-_ANSWER_RE = re.compile(r"-?[0-9]{1,12}")  # ASCII digits only (str.isdigit admits "²")
-
-
-def extract_answer(response_text: str) -> int | None:
-    """The integer after the last ``#`` of ``response_text`` (text from the first ``<eos>`` or
-    ``<pad>`` on is ignored), or ``None`` when there is none or it is followed by junk."""
-    if not isinstance(response_text, str):
-        return None
-    for stop in (EOS, PAD):
-        response_text = response_text.split(stop, 1)[0]
-    _, marker, tail = response_text.rpartition(ANSWER_MARKER)
-    if not marker:
-        return None
-    tail = tail.strip()
-    if not _ANSWER_RE.fullmatch(tail):
-        return None
-    return int(tail)
-
-
-_EQ_RE = re.compile(r"^([0-9]+)([-+*/])([0-9]+)=([0-9]+)$")
-FLAW_OPS: tuple[str, ...] = ("auto", "none", "+", "-", "*", "/")  # warm_start.flaw_op values
 # "auto": the operator that ends about a third of the traces at the default difficulty (2):
 # arith "-" (33%; "+" ends 54%), word "+" (16%; "-" ends 62%).
 DEFAULT_FLAW_OP: dict[str, str] = {"arith": "-", "word": "+"}
@@ -378,35 +155,6 @@ def resolve_flaw_op(task_name: str, flaw_op: str) -> str:
     if flaw_op == "auto":
         return DEFAULT_FLAW_OP[task_name]
     return "" if flaw_op == "none" else flaw_op
-
-
-def flawed_response(response: str, op: str) -> str:
-    """The trace a *flawed teacher* writes: when the last equation of ``response`` applies
-    ``op``, it stops one step short and answers with the value it has so far (the previous
-    step's result, or the first operand of a one-step trace); any other trace is unchanged.
-
-    Why: the papers start RL from pretrained models that know the procedure but make
-    systematic, prompt-dependent mistakes, which an exact-answer reward can correct. A small
-    model warm-started on clean traces only makes the errors of under-training (arithmetic
-    facts it has not yet memorised), which a sparse reward teaches far more slowly than SFT:
-    with a clean 600-step warm start of the tiny model, held-out accuracy stayed at 0.805 after
-    100 RL steps at lr 3e-5 and fell to 0.688 at lr 1e-4. With this teacher (the default,
-    ``warm_start.flaw_op=auto``) the default run goes 0.691 -> 0.820.
-    A warm start that imitates this teacher on part of the data gives the policy one
-    learnable, generalising blind spot ("skip the final ``+``"), as a base model has.
-
-    ``"7*3=21;12+21=33;#33"`` with op ``"+"`` -> ``"7*3=21;#21"``; ``"3+4=7;#7"`` -> ``"#3"``.
-    """
-    if not op:
-        return response
-    eqs = response.rpartition(ANSWER_MARKER)[0].split(STEP_SEP)[:-1]  # ["7*3=21", "12+21=33"]
-    parsed = [_EQ_RE.match(e) for e in eqs]
-    if not parsed or any(m is None for m in parsed):
-        raise ValueError(f"not a trace of equations: {response!r}")
-    if parsed[-1].group(2) != op:
-        return response
-    so_far = parsed[-2].group(4) if len(parsed) > 1 else parsed[0].group(1)
-    return "".join(e + STEP_SEP for e in eqs[:-1]) + ANSWER_MARKER + so_far
 
 
 @dataclass(frozen=True)
@@ -445,7 +193,7 @@ class Task:
         for _ in range(_MAX_SAMPLE_TRIES):
             try:
                 prompt, steps = generate(rng, self.level)
-            except _Reject:
+            except Reject:
                 continue
             response = format_trace(steps)
             if (

@@ -1,4 +1,4 @@
-"""The embedded RL loop: quantized rollout, full-precision training, every SPEC metric.
+"""The embedded RL loop: quantized rollout, full-precision training, every metric of docs/metrics.md.
 
 One RL step (QuRL Alg. 1 / decoupled PPO, Hilton et al. 2021):
 
@@ -21,8 +21,6 @@ import json
 import os
 import random
 import time
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -39,11 +37,12 @@ from suite.core.metrics import (
     policy_ratio_metrics,
     rollout_corr_metrics,
 )
-from suite.core.quant import W8A8_PRECISIONS, QuantScheme, fake_quant, fake_quant_act
+from suite.core.quant import QuantScheme
 from suite.core.uaq import apply_uaq, uaq_param_groups
-from suite.embedded.batch import pad_right, repad
+from suite.embedded.actor import Critic, quantized_weight_names, trainer_logprobs
+from suite.embedded.batch import Batch, concat_batches, select_rows
 from suite.embedded.engine import RolloutEngine
-from suite.embedded.model import PRESETS, ModelConfig, Transformer, response_logprobs
+from suite.embedded.model import PRESETS, ModelConfig, Transformer
 from suite.embedded.tasks import make_split, make_task, resolve_flaw_op
 from suite.embedded.tokenizer import CharTokenizer
 from suite.embedded.warmstart import load_or_train
@@ -54,95 +53,6 @@ from suite.tracking.loggers import JsonlLogger, MlflowLogger, MultiLogger, refus
 EVAL_SEED = 10_007  # held-out prompts are the same for every run seed, so seeds compare on one set
 TRAIN_POOL = 20_000  # distinct training prompts per run seed
 EVAL_BATCH = 128  # held-out prompts decoded at once
-
-
-@dataclass
-class Batch:
-    """One step's rollouts, packed (docs/architecture.md layout)."""
-
-    tokens: torch.Tensor  # [N, P + R] long
-    attention_mask: torch.Tensor  # [N, P + R] bool
-    start: int  # P
-    response_mask: torch.Tensor  # [N, R] float
-    behav_logp: torch.Tensor  # [N, R]
-    scores: torch.Tensor  # [N] reward after shaping
-    correct: torch.Tensor  # [N] 0/1 verifier outcome
-    lengths: torch.Tensor  # [N] response tokens
-    truncated: torch.Tensor  # [N] bool: hit max_new_tokens without the stop token
-
-
-def _concat(batches: list[Batch], pad_id: int) -> Batch:
-    if len(batches) == 1:
-        return batches[0]
-    p_len = max(b.start for b in batches)
-    r_len = max(b.response_mask.shape[1] for b in batches)
-    toks, masks = zip(*(repad(b.tokens, b.attention_mask, b.start, p_len, r_len, pad_id) for b in batches))
-    return Batch(
-        tokens=torch.cat(toks),
-        attention_mask=torch.cat(masks),
-        start=p_len,
-        response_mask=torch.cat([pad_right(b.response_mask, r_len, 0.0) for b in batches]),
-        behav_logp=torch.cat([pad_right(b.behav_logp, r_len, 0.0) for b in batches]),
-        scores=torch.cat([b.scores for b in batches]),
-        correct=torch.cat([b.correct for b in batches]),
-        lengths=torch.cat([b.lengths for b in batches]),
-        truncated=torch.cat([b.truncated for b in batches]),
-    )
-
-
-def _select(b: Batch, idx: torch.Tensor) -> Batch:
-    return Batch(
-        tokens=b.tokens[idx], attention_mask=b.attention_mask[idx], start=b.start,
-        response_mask=b.response_mask[idx], behav_logp=b.behav_logp[idx], scores=b.scores[idx],
-        correct=b.correct[idx], lengths=b.lengths[idx], truncated=b.truncated[idx],
-    )
-
-
-class Critic(torch.nn.Module):
-    """PPO critic: a decoder trunk (initialised from the warm start) with a scalar head, as verl's."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.trunk = Transformer(cfg)
-        self.head = torch.nn.Linear(cfg.d_model, 1)
-        torch.nn.init.zeros_(self.head.weight)
-        torch.nn.init.zeros_(self.head.bias)
-
-    def forward(self, tokens, attention_mask, start: int) -> torch.Tensor:
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # [N, P + R]
-        h = self.trunk.hidden(tokens, positions=positions, attention_mask=attention_mask)  # [N, P + R, D]
-        v = self.head(h).squeeze(-1).float()  # [N, P + R]
-        # V of the state each response token was generated from (verl: values[:, -R-1:-1]).
-        return v[:, start - 1 : -1]  # [N, R]
-
-
-def quantized_weight_names(model: Transformer) -> list[str]:
-    """Weights the rollout engine quantizes: every block linear (not embeddings, norms, lm_head)."""
-    return [
-        f"{name}.weight"
-        for name, mod in model.named_modules()
-        if isinstance(mod, torch.nn.Linear) and name.startswith("layers.")
-    ]
-
-
-@contextmanager
-def _act_quant_hooks(model: Transformer, qnames: list[str], scheme: QuantScheme):
-    """While open, every block linear of ``model`` fake-quantizes its input per token (STE), as
-    the W8A8 rollout's Int8Linear / Fp8Linear do: QaRL's aligned forward for int8 / fp8 is
-    W8A8, not weight-only. Other precisions keep 16-bit activations: no hooks."""
-    if scheme.precision not in W8A8_PRECISIONS:
-        yield
-        return
-
-    def hook(_mod, args):
-        return (fake_quant_act(args[0], scheme, ste=True), *args[1:])
-
-    handles = [model.get_submodule(n.removesuffix(".weight")).register_forward_pre_hook(hook) for n in qnames]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 class EmbeddedRun:
@@ -253,26 +163,9 @@ class EmbeddedRun:
 
     # ---------------------------------------------------------------- pieces
     def _logprobs(self, model: Transformer, b: Batch, *, with_entropy: bool = False, aligned: bool = False):
-        """log pi(token) under the trainer's forward (bf16 autocast like verl's FSDP mixed precision).
-
-        With QaRL's aligned forward the block linears compute as the rollout's: weights
-        fake-quantized, and for int8 / fp8 (W8A8) their inputs too, per token; STE gradients."""
-        temperature = self.cfg.rollout.temperature
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            fn, act_hooks = model, nullcontext()
-            if aligned:
-                params = dict(model.named_parameters())
-                for name in self.qnames:
-                    params[name] = fake_quant(params[name], self.scheme, ste=True)
-
-                def fn(*args, **kwargs):  # response_logprobs only calls model(...)
-                    return torch.func.functional_call(model, params, args, kwargs)
-
-                act_hooks = _act_quant_hooks(model, self.qnames, self.scheme)
-            with act_hooks:
-                logp, ent = response_logprobs(fn, b.tokens, b.attention_mask, b.start, temperature,
-                                              with_entropy=with_entropy)
-        return logp.float(), (ent.float() if ent is not None else None)
+        """log pi(token) under the trainer's forward (suite.embedded.actor.trainer_logprobs)."""
+        return trainer_logprobs(model, b, self.cfg.rollout.temperature, bf16=self.bf16, with_entropy=with_entropy,
+                                aligned_scheme=self.scheme if aligned else None, qnames=self.qnames)
 
     def _generate(self, prompts: list, n_round: int) -> Batch:
         cfg = self.cfg
@@ -323,7 +216,7 @@ class EmbeddedRun:
             keep = adv_fns.dapo_group_filter(b.correct, group_ids)  # [N] bool, whole groups
             idx = torch.nonzero(keep).squeeze(-1)  # [N_kept]
             if idx.numel():
-                kept.append(_select(b, idx))
+                kept.append(select_rows(b, idx))
                 n_kept += idx.numel() // G
             if n_kept >= P or n_rounds > cfg.algo.max_resample_rounds:
                 break
@@ -331,9 +224,9 @@ class EmbeddedRun:
         metrics["train/acc"] = torch.cat(all_acc).mean().item()  # over every generated response
         if not kept:  # every group was all-correct or all-wrong: nothing to learn from this step
             return None
-        batch = _concat(kept, self.tokenizer.pad_id)
+        batch = concat_batches(kept, self.tokenizer.pad_id)
         if cfg.algo.dynamic_sampling and n_kept > P:
-            batch = _select(batch, torch.arange(P * G))
+            batch = select_rows(batch, torch.arange(P * G))
         metrics["train/kept_groups"] = float(min(n_kept, P))
         return batch
 
@@ -365,7 +258,7 @@ class EmbeddedRun:
             perm = torch.randperm(N, generator=self.shuffle_gen)
             for i in range(0, N, mb):
                 idx = perm[i : i + mb]
-                sub = _select(b, idx)
+                sub = select_rows(b, idx)
                 mask = sub.response_mask
                 logp, ent = self._logprobs(self.actor, sub, with_entropy=True, aligned=cfg.correction.aligned_forward)
                 loss, stats = policy_loss(

@@ -15,19 +15,20 @@ import math
 import numpy as np
 import pandas as pd
 
+from suite.core.quant import LOW_BIT_PRECISIONS, PRECISIONS
 from suite.report.data import FINISHED, coerce_runs
 from suite.report.identity import CORRECTION_LABELS, supersede
 from suite.report.stats import CI_SEED, N_RESAMPLES, mean_ci
 
 GROUP = ("task", "model", "algo")  # a measured "setting": the papers compare methods within one
-LOW_BIT = ("int8", "fp8", "w4a16")
-FULL = ("bf16", "fp32")
+LOW_BIT = LOW_BIT_PRECISIONS  # suite.core.quant: int8, fp8, w4a16
+FULL = ("bf16", "fp32")  # the 16/32-bit references, in the order a speed-up prefers them
 # The columns every table row carries, in reading order; with `group_key` they identify a row.
 ROW_AXES = ("task", "model", "algo", "backend", "precision", "fp8_granularity", "method", "correction",
             "aligned_forward", "uaq_s", "uaq_group_lr_s", "lr_factor", "lr", "steps", "trainer_dtype", "kernels",
             "bf16_kernels")
 STAT_COLUMNS = ("n", "mean", "ci_low", "ci_high", "ci_method", "seeds", "values", "not_averaged")
-PRECISION_ORDER = ("fp32", "bf16", "int8", "fp8", "w4a16")
+PRECISION_ORDER = PRECISIONS  # registry order (suite.core.quant.QUANTIZERS)
 # registry order (suite.core.losses.CORRECTIONS), then the same with QaRL's aligned forward
 METHOD_ORDER = tuple(CORRECTION_LABELS.values()) + tuple(f"aligned+{m}" for m in CORRECTION_LABELS.values())
 

@@ -17,6 +17,8 @@ import time
 
 import yaml
 
+from suite.core.quant import QUANTIZERS
+
 
 def make_file(path: str, n_cells: int) -> int:
     """A sweep of about `n_cells` cells: 4 precisions x 2 corrections x 5 UAQ scales x seeds."""
@@ -25,7 +27,7 @@ def make_file(path: str, n_cells: int) -> int:
         "name": "bench",
         "base": ["model=tiny", "steps=10", f"out_dir={os.path.dirname(path)}/runs"],
         "matrix": {
-            "quant": ["bf16", "int8", "fp8", "w4a16"],
+            "quant": [n for n, q in QUANTIZERS.items() if not q.lossless],  # every quantized precision
             "correction": ["tis", "acr"],
             "uaq.s": [1.0, 1.25, 1.5, 1.75, 2.0],
             "seed": list(range(n_seeds)),

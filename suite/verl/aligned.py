@@ -47,42 +47,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from suite.config import VERL_ALIGNED_STRATEGIES
-from suite.core.quant import QuantScheme, fake_quant, fake_quant_act
+from suite.core.quant import QUANTIZERS, QuantScheme, fake_quant, fake_quant_act
+from suite.verl.config import VERL_ALIGNED_STRATEGIES
 from suite.verl.int8_hook import QUANTIZED_LINEARS
+from suite.verl.rollout_quant import parse_spec as _parse_spec
+from suite.verl.rollout_quant import scheme_spec
 
 log = logging.getLogger(__name__)
 
 ALIGNED_ENV = "SUITE_ALIGNED_FORWARD"  # the scheme spec; set by suite.verl.translate in every Ray worker
-VERL_FP8_BLOCK = 128  # verl's native FP8 rollout: weight_block_size [128, 128] (vllm_async_server)
 ALIGNED_BACKENDS = VERL_ALIGNED_STRATEGIES  # verl engine backends whose _build_module we extend
 
 
-def scheme_spec(precision: str, *, group_size: int = 128, symmetric: bool = True) -> str:
-    """The rollout quantizer of a verl run as one string (an environment variable's value)."""
-    if precision in ("bf16", "int8"):
-        return precision
-    if precision == "w4a16":
-        return f"w4a16:{int(group_size)}:{'sym' if symmetric else 'asym'}"
-    if precision == "fp8":
-        return f"fp8:block:{VERL_FP8_BLOCK}"
-    raise ValueError(f"aligned forward with backend=verl: quant.precision={precision!r}; allowed: bf16, int8, fp8, w4a16")
-
-
 def parse_spec(spec: str) -> QuantScheme:
-    """Inverse of :func:`scheme_spec`; a malformed spec raises ``ValueError`` naming the forms allowed."""
-    parts = spec.strip().split(":")
-    forms = "bf16 | int8 | w4a16:<group_size>:<sym|asym> | fp8:block:<block_size>"
-    try:
-        if parts[0] in ("bf16", "int8") and len(parts) == 1:
-            return QuantScheme(precision=parts[0])
-        if parts[0] == "w4a16" and len(parts) == 3 and parts[2] in ("sym", "asym"):
-            return QuantScheme(precision="w4a16", group_size=int(parts[1]), symmetric=parts[2] == "sym")
-        if parts[0] == "fp8" and len(parts) == 3 and parts[1] == "block":
-            return QuantScheme(precision="fp8", fp8_granularity="block", block_size=int(parts[2]))
-    except ValueError as exc:
-        raise ValueError(f"{ALIGNED_ENV}={spec!r}: {exc}; allowed forms: {forms}") from None
-    raise ValueError(f"{ALIGNED_ENV}={spec!r}; allowed forms: {forms}")
+    """The scheme of an ``SUITE_ALIGNED_FORWARD`` value (suite.verl.rollout_quant ``scheme_spec``);
+    a malformed one raises ``ValueError`` naming the variable and the forms allowed."""
+    return _parse_spec(spec, ALIGNED_ENV)
 
 
 class AlignedLinear(nn.Linear):
@@ -113,8 +93,8 @@ def apply_aligned_forward(model: nn.Module, scheme: QuantScheme) -> list[str]:
     quantizer does not know: nothing would be aligned) or when a block linear is not a plain
     ``nn.Linear`` (a LoRA or fused layer whose forward this cannot take over).
     """
-    if scheme.precision == "fp32":
-        raise ValueError("aligned forward with quant.precision=fp32: nothing to align")
+    if QUANTIZERS[scheme.precision].lossless:
+        raise ValueError(f"aligned forward with quant.precision={scheme.precision}: nothing to align")
     names = []
     for name, module in model.named_modules():
         if name.rsplit(".", 1)[-1] not in QUANTIZED_LINEARS:

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from suite.core.quant import QuantScheme, fake_quant, quantize_int8_per_channel
+from suite.verl.rollout_quant import VERL_ROLLOUTS
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +78,12 @@ def requantize_int8(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tup
             yield name, w
 
 
-def fake_quant_w4a16(weights: Iterable[tuple[str, torch.Tensor]], group_size: int = 128,
-                     symmetric: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, weight) -> the same weights on the W4A16 grid (dequantized, original dtype)."""
-    require_gpu("W4A16 rollout (quant=w4a16, backend=verl)")
-    scheme = QuantScheme(precision="w4a16", group_size=group_size, symmetric=symmetric)
+def fake_quant_weights(weights: Iterable[tuple[str, torch.Tensor]],
+                       scheme: QuantScheme) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, weight) -> the same weights with every block linear on ``scheme``'s grid
+    (dequantized, original dtype): the weight-only rollouts (W4A16)."""
+    p = scheme.precision
+    require_gpu(f"{p.upper()} rollout (quant={p}, backend=verl)")
     for name, w in weights:
         yield (name, fake_quant(w, scheme, name=name).to(w.dtype)) if is_quantized_linear(name) else (name, w)
 
@@ -143,12 +145,14 @@ def _make_extension():
 
         def _update_weights(self, weights, peft_config, base_sync_done):
             mode = os.environ.get("SUITE_ROLLOUT_QUANT", "")
-            if mode not in ("int8", "w4a16") or (peft_config and base_sync_done):
+            rollout = VERL_ROLLOUTS.get(mode)
+            if rollout is None or rollout.weight_sync is None or (peft_config and base_sync_done):
                 return super()._update_weights(weights, peft_config, base_sync_done)
-            if mode == "w4a16":
+            if rollout.weight_sync == "fake_quant":
                 group = int(os.environ.get("SUITE_W4_GROUP_SIZE", "128"))
                 sym = os.environ.get("SUITE_W4_SYMMETRIC", "1") == "1"
-                return super()._update_weights(list(fake_quant_w4a16(weights, group, sym)), peft_config, base_sync_done)
+                scheme = rollout.scheme(group, sym)
+                return super()._update_weights(list(fake_quant_weights(weights, scheme)), peft_config, base_sync_done)
             seconds = load_int8_weights(
                 self.model_runner.model, list(weights),
                 lambda qw: super(QuantizedWeightSyncExtension, self)._update_weights(qw, peft_config, base_sync_done),
@@ -169,4 +173,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["NoGPUError", "fake_quant_w4a16", "is_quantized_linear", "load_int8_weights", "require_gpu", "requantize_int8"]
+__all__ = ["NoGPUError", "fake_quant_weights", "is_quantized_linear", "load_int8_weights", "require_gpu", "requantize_int8"]

@@ -10,9 +10,10 @@ mapping, axis by axis:
 - algo: ppo -> ``adv_estimator=gae`` + critic; grpo -> ``grpo``, ``rollout.n`` = G, KL loss when
   ``algo.kl_coef > 0``; dapo -> ``grpo`` with clip-higher, ``algorithm.filter_groups`` and verl's
   ``dapo`` reward manager with the overlong buffer.
-- precision: bf16 -> nothing; fp8 -> ``rollout.quantization=fp8`` (verl's native, 128x128 blocks);
-  int8 / w4a16 -> our vLLM worker extension (suite.verl.int8_hook) that re-quantizes every weight
-  sync. ``rollout.calculate_log_probs=true`` always, so verl logs the ``rollout_corr/`` mismatch.
+- precision: the overrides and worker environment of its entry of suite.verl.rollout_quant
+  ``VERL_ROLLOUTS`` (bf16: nothing; fp8: verl's native FP8; int8 / w4a16: our vLLM worker
+  extension, suite.verl.int8_hook, re-quantizing every weight sync).
+  ``rollout.calculate_log_probs=true`` always, so verl logs the ``rollout_corr/`` mismatch.
 - correction (``Correction.verl`` in suite.core.losses): naive -> verl's stock pipeline (vanilla
   loss, old log-probs recomputed, no rollout correction); bypass -> verl's rollout-correction
   bypass mode (``bypass_mode=true, loss_type=ppo_clip``); tis -> verl's token-level rollout IS,
@@ -35,7 +36,13 @@ from omegaconf import DictConfig
 from suite.config import run_id
 from suite.core.losses import CORRECTIONS
 from suite.verl import LOSS_PARAMS_ENV
-from suite.verl.aligned import ALIGNED_ENV, scheme_spec
+from suite.verl.aligned import ALIGNED_ENV
+from suite.verl.rollout_quant import (  # noqa: F401
+    VERL_ROLLOUTS,
+    W8A8_QUANT_CONFIG,
+    WORKER_EXTENSION,
+    scheme_spec,
+)
 
 # rollout_is_threshold for the modes that need the raw r: verl clamps log r to +-20 before exp
 # (rollout_corr_helper.SAFETY_BOUND), so a weight never exceeds exp(20) ~ 4.85e8 < 1e9.
@@ -43,10 +50,10 @@ NEVER_TRUNCATE = 1e9
 # verl always applies the dual clip (clip_ratio_c); with algo.dual_clip = null we set a bound no
 # ratio reaches (ratios are exp(clamp(., +-20)) <= 4.85e8), which is the same as "off".
 DUAL_CLIP_OFF = 1e9
-ROLLOUT_QUANT_ENV = "SUITE_ROLLOUT_QUANT"  # int8 | w4a16: read by suite.verl.int8_hook in the vLLM workers
+# the precision, where the worker extension re-quantizes each sync: read by suite.verl.int8_hook in the vLLM workers
+ROLLOUT_QUANT_ENV = "SUITE_ROLLOUT_QUANT"
 KL_TYPES = {"k1": "k1", "k2": "k2", "k3": "low_var_kl"}  # suite algo.kl_estimator -> verl kl_loss_type
 ADV_ESTIMATORS = {"ppo": "gae", "grpo": "grpo", "dapo": "grpo"}
-WORKER_EXTENSION = "suite.verl.int8_hook.QuantizedWeightSyncExtension"
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:@-]+$")
 
@@ -85,7 +92,8 @@ def loss_env(cfg: DictConfig) -> dict[str, str]:
     env = {}
     if c.verl == "plugin":  # one JSON value: the parameters the registered loss reads (suite.verl.plugin)
         env[LOSS_PARAMS_ENV] = json.dumps({k: float(cfg.correction[k]) for k in c.params}, sort_keys=True)
-    if cfg.quant.precision in ("int8", "w4a16"):
+    rollout = VERL_ROLLOUTS.get(cfg.quant.precision)  # None: a precision verl has no rollout for
+    if rollout is not None and rollout.weight_sync is not None:
         env[ROLLOUT_QUANT_ENV] = cfg.quant.precision
         env["SUITE_W4_GROUP_SIZE"] = str(cfg.quant.group_size)
         env["SUITE_W4_SYMMETRIC"] = "1" if cfg.quant.symmetric else "0"
@@ -169,15 +177,9 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"{ar}.rollout.seed={cfg.seed}",
         f"{ar}.ref.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
     ]
-    # precision
-    if precision == "fp8":
-        o.append(f"{ar}.rollout.quantization=fp8")
-    elif precision in ("int8", "w4a16"):
-        o.append(f"+{ar}.rollout.engine_kwargs.vllm.worker_extension_cls={WORKER_EXTENSION}")
-        if precision == "int8":
-            # vLLM's compressed-tensors W8A8 INT8: per-channel int8 weights, dynamic per-token activations
-            o.append(f"+{ar}.rollout.engine_kwargs.vllm.quantization=compressed-tensors")
-            o.append(f"+{ar}.rollout.engine_kwargs.vllm.hf_overrides={_hydra_value({'quantization_config': W8A8_QUANT_CONFIG})}")
+    # precision (suite.verl.rollout_quant)
+    for key, value in VERL_ROLLOUTS[precision].overrides:
+        o.append(f"{key}={value if isinstance(value, str) else _hydra_value(value)}")
     # correction: token-level rollout IS; TIS truncates at C, the suite modes need the raw r
     rc = "algorithm.rollout_correction"
     how = CORRECTIONS[mode].verl
@@ -240,22 +242,6 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
 def verl_command(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     """argv that runs ``cfg`` with verl: ``python3 -m verl.trainer.main_ppo OVERRIDES...``."""
     return [cfg.backend.python, "-m", "verl.trainer.main_ppo", *verl_overrides(cfg, run_dir)]
-
-
-# vLLM compressed-tensors config for W8A8 INT8 (the scheme llm-compressor writes for "W8A8"
-# int8): symmetric per-output-channel int8 weights, dynamic per-token int8 activations.
-W8A8_QUANT_CONFIG = {
-    "quant_method": "compressed-tensors",
-    "format": "int-quantized",
-    "ignore": ["lm_head"],
-    "config_groups": {
-        "group_0": {
-            "targets": ["Linear"],
-            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
-            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
-        }
-    },
-}
 
 
 def _hydra_value(obj) -> str:

@@ -15,9 +15,10 @@ from suite.core.quant import (
     quantize_int8_per_channel,
     quantize_int8_per_token,
 )
-from suite.embedded.engine import Int8Linear, Rollout, RolloutEngine, SharedActQuant, _DecodeState
+from suite.embedded.engine import Rollout, RolloutEngine
+from suite.embedded.qlinear import Int8Linear, SharedActQuant
 from _prompts import left_padded, rand_prompts
-from suite.embedded.model import PRESETS, KVCache, ModelConfig, Transformer, response_logprobs
+from suite.embedded.model import PRESETS, ModelConfig, Transformer, response_logprobs
 
 PRECISIONS = ("fp32", "bf16", "int8", "fp8", "w4a16")
 VOCAB, PAD = 80, 0  # the character tokenizer's size and pad id
@@ -206,41 +207,6 @@ def test_engine_keeps_its_own_copy_and_the_callers_rng(model):
     assert e.model.lm_head.weight.data_ptr() != model.lm_head.weight.data_ptr()
 
 
-@pytest.mark.parametrize("precision,d_model", [(p, 128) for p in PRECISIONS] + [("fp32", 96)])
-def test_decode_step_equals_the_general_forward(precision, d_model):
-    """The engine's one-token decode path (RolloutEngine._decode) gives the bits of
-    ``model.hidden`` + ``lm_head`` with a KV cache, and leaves the same cache behind: with
-    left-padded prompts, rows turning into padding mid-way, and (d_model 96: head_dim 48) a
-    1 / sqrt(head_dim) that is not a power of two."""
-    torch.manual_seed(0)
-    m = Transformer(ModelConfig(vocab_size=VOCAB, **{**PRESETS["tiny"], "d_model": d_model}))
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if not name.endswith("norm.weight"):
-                p.mul_(4.0)
-    e = RolloutEngine(m, QuantScheme(precision))
-    tokens, mask = left_padded(rand_prompts([3, 7, 5, 1, 6]))
-    B, P, R = tokens.shape[0], tokens.shape[1], 6
-    g = torch.Generator().manual_seed(3)
-    new = torch.randint(3, VOCAB, (R, B), generator=g)  # [R, B]
-    valid = torch.ones(R, B, dtype=torch.bool)
-    valid[2:, 1] = valid[4:, 3] = False  # rows 1 and 3 stop: pads follow
-    general, fast = KVCache(m.cfg, B, P + R, dtype=e.dtype), KVCache(m.cfg, B, P + R, dtype=e.dtype)
-    with torch.no_grad():
-        for c in (general, fast):
-            e.model.hidden(tokens, attention_mask=mask, kv_cache=c)
-        state = _DecodeState(fast)
-        for t in range(R):
-            h = e.model.hidden(new[t, :, None], attention_mask=valid[t, :, None], kv_cache=general)  # [B, 1, D]
-            want = e.model.lm_head(h[:, 0]).float()  # [B, V]
-            assert torch.equal(e._decode(new[t], valid[t], state), want)
-    n = general.length
-    assert fast.length == n == P + R
-    assert torch.equal(fast.k[:, :, :, :n], general.k[:, :, :, :n])
-    assert torch.equal(fast.v[:, :, :, :n], general.v[:, :, :, :n])
-    assert torch.equal(fast.key_valid, general.key_valid) and torch.equal(fast.n_valid, general.n_valid)
-
-
 # ----------------------------------------------------------------------------- sampling
 
 
@@ -368,3 +334,12 @@ def test_every_precision_generates(model, precision):
     logp, _ = response_logprobs(model, ro.tokens, ro.attention_mask, ro.response_start, 1.0)
     diff = (logp - ro.behav_logp).abs().max().item()
     assert (diff < 1e-5) == (precision == "fp32") and diff < 1.0
+
+
+def test_every_registered_precision_has_an_engine_linear():
+    """The quantizer registry and the engine's factories name the same precisions, so adding a
+    precision to suite.core.quant without its engine linear fails here, not in a run."""
+    from suite.core.quant import QUANTIZERS
+    from suite.embedded.qlinear import ENGINE_LINEARS
+
+    assert list(ENGINE_LINEARS) == list(QUANTIZERS)

@@ -118,13 +118,14 @@ def test_run_failure_names_the_log(verl_cfg, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where no GPU is present")
 def test_int8_hook_without_gpu_is_a_clear_error():
-    from suite.verl.int8_hook import NoGPUError, fake_quant_w4a16, is_quantized_linear, requantize_int8
+    from suite.core.quant import QuantScheme
+    from suite.verl.int8_hook import NoGPUError, fake_quant_weights, is_quantized_linear, requantize_int8
 
     w = [("model.layers.0.mlp.up_proj.weight", torch.randn(8, 16))]
     with pytest.raises(NoGPUError, match=r"needs a CUDA GPU.*slurm/gpu_check.sh.*quant=bf16\|fp8"):
         list(requantize_int8(w))
     with pytest.raises(NoGPUError, match="W4A16 rollout"):
-        list(fake_quant_w4a16(w))
+        list(fake_quant_weights(w, QuantScheme("w4a16")))
     assert is_quantized_linear("model.layers.3.self_attn.q_proj.weight")
     assert not is_quantized_linear("lm_head.weight") and not is_quantized_linear("model.layers.0.self_attn.q_proj.bias")
 

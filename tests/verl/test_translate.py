@@ -252,3 +252,14 @@ def test_dry_run_prints_each_cells_exact_command(verl_paths, tmp_path, capsys):
         cmd = verl_command(cell.cfg, cell.run_dir)
         assert cmd[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
         assert f"$ {shlex.join(cmd)}" in out, f"cell {cell.index}: command not printed"
+
+
+def test_verl_rollouts_are_registered_precisions():
+    """Every precision verl runs is one of the quantizer registry's; fp32 (no quantization) has no
+    vLLM rollout. The config's choices for backend=verl are this table's keys."""
+    from suite.core.quant import QUANTIZERS
+    from suite.verl.config import VERL_PRECISIONS
+    from suite.verl.rollout_quant import VERL_ROLLOUTS
+
+    assert set(VERL_ROLLOUTS) == {n for n, q in QUANTIZERS.items() if not q.lossless}
+    assert VERL_PRECISIONS == tuple(VERL_ROLLOUTS)

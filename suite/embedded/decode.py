@@ -1,0 +1,169 @@
+"""The rollout engine's one-token decode step: the model's layers, re-fused for decode batches.
+
+Why not ``Transformer.hidden`` for each new token: at decode batch sizes on a CPU every aten
+call costs a few microseconds of dispatch whatever its size, and the general forward spends
+~1,040 of them per token on [B, T, ...] views, masks rebuilt per layer, rotary slices and no-op
+casts; :class:`Decoder` spends ~410. The per-step work (positions, rotary table, mask) is done
+once, the layers run on [B, D] rows with in-place ops, and every op that remains computes its
+elements exactly as the general forward does: tests/embedded/test_decode.py checks the logits
+and the KV cache left behind bit for bit against ``model.hidden`` + ``lm_head`` for every
+precision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from suite.embedded.model import Block, KVCache, RMSNorm, Transformer
+
+
+class Decoder:
+    """One decode step of ``model`` (the engine's copy, computing in ``dtype``)."""
+
+    def __init__(self, model: Transformer, dtype: torch.dtype):
+        self.model, self.dtype = model, dtype
+        self.layers = [DecodeLayer(block, dtype) for block in model.layers]
+        self.norm, self.lm_head = Norm(model.norm, dtype), linear_fn(model.lm_head)
+
+    def __call__(self, tok: torch.Tensor, valid: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """One decode step: float32 logits [B, V] of ``tok [B]`` appended at slot ``cache.length``
+        (``valid [B]`` False = pad), the same numbers as ``model.hidden`` + ``lm_head``."""
+        m, cache, f32 = self.model, state.cache, self.dtype == torch.float32
+        s0 = cache.length
+        # positions: the cumsum rule of Transformer.hidden for one token, n_valid + valid - 1 >= 0.
+        v = valid.long()  # [B]
+        pos = (cache.n_valid + v).sub_(1).clamp_(min=0)  # [B]
+        cache.key_valid[:, s0] = valid
+        cache.n_valid.add_(v)
+        x = m.tok_emb.weight.index_select(0, tok)  # [B, D], = the embedding lookup
+        cos, sin = m.rope_cos.index_select(0, pos), m.rope_sin.index_select(0, pos)  # [B, hd/2] float32
+        if not f32:
+            cos, sin = cos.to(self.dtype), sin.to(self.dtype)
+        # Full-width tables for x * cos + rotate_half(x) * sin: x1 cos - x2 sin is x1 cos + x2 (-sin)
+        # bit for bit (negation is exact), so apply_rope's values are reproduced.
+        cos = torch.cat([cos, cos], -1).unsqueeze_(1)  # [B, 1, hd]
+        sin = torch.cat([sin.neg(), sin], -1).unsqueeze_(1)  # [B, 1, hd]
+        bias = state.bias[..., : s0 + 1]  # [B * H, 1, S] view
+        for layer, (k, v) in zip(self.layers, state.kv):
+            x = layer(x, k, v, s0, cos, sin, bias, state)
+        cache.length = s0 + 1
+        # The query saw its own slot; later queries must not see it if it is padding.
+        state.bias4[:, :, 0, s0].masked_fill_(valid.logical_not().unsqueeze_(1), float("-inf"))
+        return self.lm_head(self.norm(x)).float()  # [B, V]
+
+
+class DecodeState:
+    """Per-``generate`` buffers of the decode loop, allocated once per call: the keys' additive
+    mask (0 = seen, -inf = padding), kept up to date slot by slot rather than rebuilt per
+    step and layer; the q / k projections' outputs (see DecodeLayer); per-layer views of
+    the KV cache as [B * H, max_len, hd] batches."""
+
+    def __init__(self, cache: KVCache):
+        L, B, H, S, hd = cache.k.shape
+        self.cache = cache
+        self.bias4 = torch.zeros(B, H, 1, S, dtype=cache.k.dtype, device=cache.k.device)  # [B, H, 1, S]
+        filled = cache.length  # the prefilled prompt slots
+        self.bias4[:, :, 0, :filled].masked_fill_(~cache.key_valid[:, None, :filled], float("-inf"))
+        self.bias = self.bias4.view(B * H, 1, S)
+        self.qk = torch.empty(2, B, H * hd, dtype=cache.k.dtype, device=cache.k.device)  # [2, B, D]
+        self.q, self.k = self.qk[0], self.qk[1]  # [B, D] views
+        self.kv = [(cache.k[i].view(B * H, S, hd), cache.v[i].view(B * H, S, hd)) for i in range(L)]
+
+
+class Norm:
+    """``RMSNorm`` as a function of rows x [M, D]. In float32 without its two no-op casts, with
+    ``mean`` written out as the ``sum`` and ``div_`` it runs (aten's CPU ``mean``), ``pow(2)``
+    as the ``x * x`` it computes, and the scalars as ready 0-dim tensors: 6 aten calls instead
+    of ~25, the same bits (tests/embedded/test_decode.py checks the bits)."""
+
+    def __init__(self, norm: RMSNorm, dtype: torch.dtype):
+        self.norm, self.f32 = norm, dtype == torch.float32
+        w = norm.weight
+        self.n = torch.tensor(float(w.shape[0]), device=w.device)  # D, float32
+        self.eps = torch.tensor(norm.eps, device=w.device)  # float32, as the scalar the kernel uses
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.f32:
+            return self.norm(x)
+        r = (x * x).sum(-1, keepdim=True).div_(self.n).add_(self.eps).rsqrt_()  # [M, 1]
+        return (x * r).mul_(self.norm.weight)
+
+
+def linear_fn(mod: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``mod`` as a function of x [M, K]: a plain bias-free ``nn.Linear`` becomes one ``mm``
+    with its weight's transposed view (taken once; a sync writes into the same storage), the
+    very call ``F.linear`` reaches after its ``linear -> t -> matmul`` dispatches."""
+    if type(mod) is nn.Linear and mod.bias is None:
+        wt = mod.weight.t()  # [K, N] view
+        return lambda x: torch.mm(x, wt)
+    return mod
+
+
+class DecodeLayer:
+    """One block of the engine's copy for a one-token decode step on rows x [B, D].
+
+    The same arithmetic as ``Block.forward`` with T = 1, fewer dispatches: q and k are written
+    by ``mm(..., out=)`` into one [2, B, D] buffer (plain linears; else stacked) and rotated
+    together; the key mask enters as an additive 0 / -inf bias of a ``baddbmm`` (x + 0 = x
+    and x + -inf = -inf: the same scores as ``masked_fill``) that also applies the
+    1 / sqrt(head_dim) scale when it is a power of two (then exact in any order); residual
+    adds, SiLU and the gating product are in place.
+    """
+
+    def __init__(self, block: Block, dtype: torch.dtype):
+        a = block.attn
+        self.attn_norm, self.mlp_norm = Norm(block.attn_norm, dtype), Norm(block.mlp_norm, dtype)
+        self.n_heads, self.head_dim = a.n_heads, a.head_dim
+        self.wq, self.wk, self.wv, self.wo = (linear_fn(a.wq), linear_fn(a.wk), linear_fn(a.wv),
+                                              linear_fn(a.wo))
+        self.w_gate, self.w_up, self.w_down = (linear_fn(block.mlp.w_gate), linear_fn(block.mlp.w_up),
+                                               linear_fn(block.mlp.w_down))
+        plain = type(a.wq) is nn.Linear and type(a.wk) is nn.Linear
+        self.qk_t = (a.wq.weight.t(), a.wk.weight.t()) if plain else None  # [D, D] views
+        self.matmul = a.matmul  # torch.matmul, or the engine's bf16 emulation
+        self.fast_att = dtype == torch.float32 and self.matmul is torch.matmul
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.scale_exact = math.frexp(self.scale)[0] == 0.5  # a power of two
+
+    def __call__(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s0: int,
+                 cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """x [B, D] (updated in place and returned); k_cache, v_cache [B * H, max_len, hd] views
+        of this layer's cache; the new token goes to slot s0; cos, sin [B, 1, hd]; bias
+        [B * H, 1, s0 + 1]; ``state.qk`` the q / k buffer."""
+        B, D = x.shape
+        H, hd, S = self.n_heads, self.head_dim, s0 + 1
+        h = self.attn_norm(x)  # [B, D]
+        if self.qk_t is not None:
+            torch.mm(h, self.qk_t[0], out=state.q)
+            torch.mm(h, self.qk_t[1], out=state.k)
+            qk = state.qk  # [2, B, D]
+        else:
+            qk = torch.stack([self.wq(h), self.wk(h)])  # [2, B, D]
+        v = self.wv(h)  # [B, D]
+        qk = qk.view(2, B, H, hd)
+        rot = qk.view(2, B, H, 2, hd // 2).flip(3).view(2, B, H, hd)  # rotate_half without the sign
+        qk = qk * cos + rot * sin  # [2, B, H, hd]
+        k_cache.select(1, s0).copy_(qk[1].view(B * H, hd))
+        v_cache.select(1, s0).copy_(v.view(B * H, hd))
+        q = qk[0].view(B * H, 1, hd)
+        kt = k_cache[:, :S].transpose(1, 2)  # [B * H, hd, S] view
+        vv = v_cache[:, :S]  # [B * H, S, hd] view
+        if self.fast_att:
+            if self.scale_exact:
+                att = torch.baddbmm(bias, q, kt, alpha=self.scale)  # [B * H, 1, S]
+            else:
+                att = torch.baddbmm(bias, q, kt).mul_(self.scale)
+            y = torch.bmm(torch.softmax(att, -1), vv)  # [B * H, 1, hd]
+        else:
+            att = self.matmul(q, kt) * self.scale + bias  # [B * H, 1, S]
+            att = torch.softmax(att, -1, dtype=torch.float32).to(vv.dtype)
+            y = self.matmul(att, vv)  # [B * H, 1, hd]
+        x = x.add_(self.wo(y.view(B, D)))
+        h = self.mlp_norm(x)
+        g = self.w_gate(h)
+        return x.add_(self.w_down(F.silu(g, inplace=True).mul_(self.w_up(h))))

@@ -1,0 +1,268 @@
+"""The rollout engine's quantized block linears, one factory per precision (``ENGINE_LINEARS``).
+
+As in QuRL (arXiv 2602.13953) and vLLM's quantized serving, every block linear of the engine's
+copy (``wq, wk, wv, wo, w_gate, w_up, w_down``) is a quantized linear; every quantizer comes
+from :mod:`suite.core.quant`, and :data:`ENGINE_LINEARS` holds, for each of its precisions, how
+the engine builds such a linear and its per-sync loader (docs/architecture.md, "Add a precision"):
+
+- ``fp32``: a plain float32 copy (the reference; its log-probs equal the trainer's).
+- ``bf16``: the whole copy in bfloat16 (the papers' baseline rollout); logits go to float32
+  for sampling and log-probs.
+- ``int8``: W8A8 as QuRL / vLLM: per-output-channel int8 weights, activations quantized
+  dynamically *per token* (one scale per row, so a sequence never depends on its
+  batch-mates), an int8 x int8 -> int32 GEMM, rescaled by ``act_scale * weight_scale``,
+  output in bfloat16. Embeddings, norms, attention and ``lm_head`` in bfloat16, as in vLLM,
+  whose quantized models keep ``dtype=bfloat16`` outside the W8A8 GEMMs: an INT8 rollout
+  carries the BF16 rollout's rounding *plus* its quantization error, which is why QuRL's
+  INT8/FP8 mismatch sits above BF16's.
+- ``fp8``: E4M3 weights (``QuantScheme.fp8_granularity``) and per-token dynamic E4M3
+  activations (W8A8-FP8); the rest in bfloat16, as for int8.
+- ``w4a16``: QaRL's group-wise 4-bit weights dequantized once per sync into bfloat16; the
+  whole copy computes in bfloat16 (a W4A16 kernel's numerics; no 4-bit kernel is used).
+
+Kernels (``native``): True runs the low-precision GEMMs with low-precision kernels:
+``torch._int_mm`` for int8, bf16 GEMMs for bf16 / w4a16, ``torch._scaled_mm`` for fp8
+(row-wise scales; "block" fp8 is always dequantized). False ("emulated") runs the same
+arithmetic as float32 GEMMs with identical numerics: int8 codes as floats (products are exact
+integers and their float32 sums stay exact while ``K * 127**2 < 2**24``, i.e. K <= 1040, beyond
+that up to a relative 2**-24), bf16 values as floats (exact products, float32 accumulation,
+output rounded to bf16 -- what a bf16 GEMM does), fp8 weights dequantized at sync and
+activations fake-quantized per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from suite.core.quant import (
+    QuantScheme,
+    fake_quant,
+    quantize_fp8,
+    quantize_int8_per_channel,
+    quantize_int8_per_token,
+)
+
+# The block linears a rollout engine quantizes (vLLM keeps embeddings, norms, lm_head in 16 bit).
+QUANTIZED_LINEARS = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.w_gate", "mlp.w_up", "mlp.w_down")
+# Linears that read the same input share one activation quantizer (see SharedActQuant).
+SAME_INPUT = {"wq": "qkv", "wk": "qkv", "wv": "qkv", "wo": "wo", "w_gate": "gate_up", "w_up": "gate_up",
+              "w_down": "w_down"}
+# Activations [M, K] with "per_channel" scales: one scale per row, i.e. per token.
+_FP8_PER_TOKEN = QuantScheme(precision="fp8", fp8_granularity="per_channel")
+
+
+# ----------------------------------------------------------------------------- low-precision linears
+
+
+class SharedActQuant:
+    """Dynamic per-token activation quantizer shared by the linears that read the same input
+    (``wq, wk, wv`` read the attention norm's output, ``w_gate, w_up`` the MLP norm's): the
+    input is quantized once, as a fused QKV / gate-up kernel does. Per-token scales make this
+    exactly the same as quantizing it for each linear separately."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn  # x [M, K] -> the quantized activation its linears consume
+        self._x: torch.Tensor | None = None
+        self._out = None
+
+    def __call__(self, x: torch.Tensor):
+        # Identity, not value: the same tensor object is passed to each sibling linear within
+        # one forward; holding the reference keeps a later tensor from reusing its id.
+        if x is not self._x:
+            self._x, self._out = x, self.fn(x.reshape(-1, x.shape[-1]))  # [M, K]
+        return self._out
+
+    def clear(self) -> None:
+        self._x = self._out = None
+
+
+def _int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """int8 [M, K] x int8 [K, N] -> int32 [M, N]. cuBLAS needs M > 16 and K, N multiples of 8
+    (as torchao's ``safe_int_mm``): pad M with zero rows on CUDA. The CPU kernel takes any shape."""
+    m = a.shape[0]
+    if a.is_cuda and m <= 16:
+        return torch._int_mm(F.pad(a, (0, 0, 0, 17 - m)), b)[:m]  # [M, N]
+    return torch._int_mm(a, b)
+
+
+class Int8Linear(nn.Module):
+    """W8A8 linear (QuRL Sec. 3; SmoothQuant / vLLM W8A8 layout): int8 per-output-channel
+    weights, int8 per-token dynamic activations, integer GEMM, float rescale."""
+
+    def __init__(self, in_features: int, out_features: int, native: bool, act_quant: SharedActQuant, device=None):
+        super().__init__()
+        self.in_features, self.out_features, self.native, self.act_quant = in_features, out_features, native, act_quant
+        # Emulated: the int8 codes stored as float32, for a float32 GEMM over integers.
+        code_dtype = torch.int8 if native else torch.float32
+        self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=code_dtype, device=device))
+        self.register_buffer("scale", torch.zeros(1, out_features, device=device))  # [1, N] f32
+
+    @torch.no_grad()
+    def load(self, w: torch.Tensor) -> None:
+        codes, scales = quantize_int8_per_channel(w)  # int8 [N, K], f32 [N, 1]
+        self.codes.copy_(codes)
+        self.scale.copy_(scales.view(1, -1))  # [1, N]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xq, xs = self.act_quant(x)  # int8 [M, K], f32 [M, 1]
+        if self.native:
+            acc = _int_mm(xq, self.codes.t()).float()  # [M, N] int32 -> f32
+        else:
+            acc = F.linear(xq.float(), self.codes)  # [M, N], exact integer sums (module doc)
+        y = acc.mul_(xs).mul_(self.scale)  # [M, N]
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)  # [..., N]
+
+
+class Fp8Linear(nn.Module):
+    """W8A8-FP8 linear (QuRL FP8 rollout): E4M3 weights, per-token dynamic E4M3 activations.
+
+    Native: ``torch._scaled_mm`` on the float8 codes with row-wise scales (bf16 output on CUDA,
+    where row-wise scaling requires it; float32 on CPU). Emulated: weights dequantized at
+    load, activations fake-quantized per token, float32 GEMM.
+    """
+
+    def __init__(self, in_features: int, out_features: int, scheme: QuantScheme, native: bool,
+                 act_quant: SharedActQuant, device=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.scheme, self.native, self.act_quant = scheme, native, act_quant
+        if native:
+            self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=torch.float8_e4m3fn,
+                                                      device=device))
+            self.register_buffer("scale", torch.zeros(1, out_features, device=device))  # [1, N]
+        else:
+            self.register_buffer("weight", torch.zeros(out_features, in_features, device=device))  # [N, K]
+
+    @torch.no_grad()
+    def load(self, w: torch.Tensor) -> None:
+        if self.native:
+            codes, scales = quantize_fp8(w, self.scheme.fp8_granularity, self.scheme.block_size)
+            self.codes.copy_(codes)
+            self.scale.copy_(scales.reshape(-1, 1).expand(self.out_features, 1).reshape(1, -1))  # [1, N]
+        else:
+            self.weight.copy_(fake_quant(w.float(), self.scheme))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native:
+            xq, xs = self.act_quant(x)  # fp8 [M, K], f32 [M, 1]
+            out_dtype = torch.bfloat16 if xq.is_cuda else torch.float32
+            y = torch._scaled_mm(xq, self.codes.t(), scale_a=xs.float(), scale_b=self.scale,
+                                 out_dtype=out_dtype)  # [M, N]
+        else:
+            y = F.linear(self.act_quant(x), self.weight)  # [M, N], fake-quantized activations
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)  # [..., N]
+
+
+class Bf16EmulatedLinear(nn.Module):
+    """A bf16 linear run as a float32 GEMM over bf16 values: products of bf16 numbers are exact
+    in float32, the sum is accumulated in float32 and the output rounded to bf16 -- what a
+    native bf16 GEMM computes (up to summation order), at float32 speed on CPUs without bf16
+    GEMM kernels. ``weight`` holds bf16-representable values in float32."""
+
+    def __init__(self, in_features: int, out_features: int, device=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.zeros(out_features, in_features, device=device))  # [N, K]
+
+    @torch.no_grad()
+    def load(self, w: torch.Tensor) -> None:
+        self.weight.copy_(w.to(torch.bfloat16))  # round to bf16 (nearest even), keep as float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float(), self.weight).to(torch.bfloat16)
+
+
+def bf16_matmul_emulated(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Attention's bf16 matmuls, emulated as Bf16EmulatedLinear does."""
+    return torch.matmul(a.float(), b.float()).to(torch.bfloat16)
+
+
+def _w4_loader(target: nn.Module, scheme: QuantScheme) -> Callable[[torch.Tensor], None]:
+    """Sync of a w4a16 linear: the group-wise 4-bit fake-quant weight (QaRL), rounded to bf16
+    (into a bf16 ``nn.Linear``, or a Bf16EmulatedLinear's float32 buffer), in place."""
+
+    def load(w: torch.Tensor) -> None:
+        target.weight.copy_(fake_quant(w.float(), scheme).to(torch.bfloat16))
+
+    return load
+
+
+
+# ----------------------------------------------------------------------------- the registry
+
+Loader = Callable[[torch.Tensor], None]  # full-precision weight [out, in] -> written into the linear
+
+
+@dataclass(frozen=True)
+class EngineLinear:
+    """How the engine builds the block linears of one precision of suite.core.quant.QUANTIZERS.
+
+    build(lin, scheme, native, act_quant, device) -> (module, loader), or None to keep the
+    copied ``nn.Linear`` (cast to the engine's dtype) as it is. act_quant(scheme, native) ->
+    the per-token activation quantizer a W8A8 linear reads (x [M, K] -> what its forward
+    consumes), shared by the linears of one input; None = 16-bit activations. native_ok(scheme):
+    whether a native kernel exists for this scheme at all.
+    """
+
+    build: Callable[[nn.Linear, QuantScheme, bool, "SharedActQuant | None", torch.device],
+                    "tuple[nn.Module, Loader] | None"]
+    act_quant: Callable[[QuantScheme, bool], Callable] | None = None
+    native_ok: Callable[[QuantScheme], bool] = lambda scheme: True
+
+
+ENGINE_LINEARS: dict[str, EngineLinear] = {}  # precision -> EngineLinear
+
+
+def register_engine_linear(precision: str, *, act_quant: Callable | None = None, native_ok: Callable | None = None):
+    """Decorator: register ``build`` as the engine's block linear for ``precision``."""
+
+    def deco(build: Callable) -> Callable:
+        if precision in ENGINE_LINEARS:
+            raise ValueError(f"engine linear {precision!r} registered twice")
+        ENGINE_LINEARS[precision] = EngineLinear(build, act_quant, native_ok or (lambda scheme: True))
+        return build
+
+    return deco
+
+
+def _own(mod: nn.Module) -> tuple[nn.Module, Loader]:
+    return mod, mod.load
+
+
+@register_engine_linear("fp32")
+def _fp32(lin, scheme, native, act_quant, device):
+    return None  # the float32 copy itself
+
+
+@register_engine_linear("bf16")
+def _bf16(lin, scheme, native, act_quant, device):
+    return None if native else _own(Bf16EmulatedLinear(lin.in_features, lin.out_features, device))
+
+
+# Scales are computed in float32 from the bf16 activations, as vLLM's quant kernels do.
+@register_engine_linear("int8", act_quant=lambda scheme, native: lambda x: quantize_int8_per_token(x.float()))
+def _int8(lin, scheme, native, act_quant, device):
+    return _own(Int8Linear(lin.in_features, lin.out_features, native, act_quant, device))
+
+
+def _fp8_act_quant(scheme: QuantScheme, native: bool) -> Callable:
+    if native:
+        return lambda x: quantize_fp8(x.float(), "per_channel")  # -> (fp8 codes [M, K], scales [M, 1])
+    return lambda x: fake_quant(x.float(), _FP8_PER_TOKEN)  # -> dequantized [M, K]
+
+
+# No row-wise-scaled kernel takes 128x128 blocks: a "block" fp8 engine dequantizes.
+@register_engine_linear("fp8", act_quant=_fp8_act_quant, native_ok=lambda scheme: scheme.fp8_granularity != "block")
+def _fp8(lin, scheme, native, act_quant, device):
+    return _own(Fp8Linear(lin.in_features, lin.out_features, scheme, native, act_quant, device))
+
+
+@register_engine_linear("w4a16")
+def _w4a16(lin, scheme, native, act_quant, device):
+    target = lin if native else Bf16EmulatedLinear(lin.in_features, lin.out_features, device)
+    return target, _w4_loader(target, scheme)

@@ -1,0 +1,104 @@
+"""What identifies a run: its id, its group key, its axes and identity tags, its hardware pins.
+
+A run id is a hash of the resolved, semantic configuration (docs/architecture.md, "Hardware
+choices: one run id, one numerics"): re-running the same command finds the same run directory,
+sweeps skip finished cells, reports average only runs that differ by their seed. Everything
+here reads a composed config (suite.config ``compose_config``), re-exported from suite.config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from omegaconf import DictConfig, OmegaConf
+
+# Keys that change where results go or how fast they arrive, not what is computed.
+_NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir")
+
+
+def resolve_hardware(cfg: DictConfig) -> None:
+    """Replace every machine-dependent ``auto`` (``train.autocast``, ``quant.kernels``,
+    ``quant.bf16_kernels``) by the concrete choice for this machine, in place (suite.hardware).
+
+    Runs at compose time, so the resolved values are in the printed config, the params and the
+    run id. The verl backend keeps them as written: its numerics are verl's and vLLM's."""
+    if cfg.backend.name != "embedded":
+        return
+    from suite import hardware
+
+    q = cfg.quant
+    cfg.train.autocast = hardware.resolve_autocast(cfg.train.autocast)
+    q.kernels = hardware.resolve_kernels(q.kernels, q.precision, q.fp8_granularity)
+    q.bf16_kernels = hardware.resolve_bf16_kernels(q.bf16_kernels, q.precision)
+
+
+def hardware_pins(cfg: DictConfig) -> list[str]:
+    """Overrides that fix a composed config's resolved hardware choices wherever it is composed
+    again (a sweep cell re-composed on a compute node of another type)."""
+    if cfg.backend.name != "embedded":
+        return []
+    return [f"train.autocast={cfg.train.autocast}", f"quant.kernels={cfg.quant.kernels}",
+            f"quant.bf16_kernels={cfg.quant.bf16_kernels}"]
+
+
+def _semantic_digest(cfg: DictConfig, drop: tuple[str, ...] = ()) -> str:
+    """sha256 prefix of the resolved config without its non-semantic keys (and ``drop``)."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    for key in _NON_SEMANTIC + drop:
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.get(p, {})
+        node.pop(leaf, None)
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def run_id(cfg: DictConfig) -> str:
+    """Deterministic id of a run: a hash of its resolved, semantic configuration.
+
+    Re-running the same command finds the same run directory and resumes it; sweeps use it to
+    skip finished cells. Resolved hardware choices (`resolve_hardware`) are part of it.
+    """
+    return f"{axes_label(cfg)}-{_semantic_digest(cfg)}"
+
+
+def group_key(cfg: DictConfig) -> str:
+    """The run id's hash without the seed: runs with equal keys differ only by their seed, so
+    a report may average them (and only them) as repeats of one cell."""
+    return _semantic_digest(cfg, drop=("seed",))
+
+
+def identity_tags(cfg: DictConfig) -> dict[str, str]:
+    """MLflow tags beside the axes that say which numerics a run computed with (every backend)."""
+    embedded = cfg.backend.name == "embedded"
+    return {
+        "trainer_dtype": cfg.train.autocast if embedded else "bf16",  # verl: FSDP bf16 mixed precision
+        "kernels": cfg.quant.kernels if embedded else "vllm",
+        "bf16_kernels": cfg.quant.bf16_kernels if embedded else "vllm",
+        # verl's native FP8 rollout quantizes 128x128 blocks whatever quant.fp8_granularity says (docs/verl.md)
+        "fp8_granularity": ("block" if not embedded else cfg.quant.fp8_granularity) if cfg.quant.precision == "fp8" else "",
+        "uaq_group_lr_s": f"{cfg.uaq.group_lr_s:g}",
+        "group_key": group_key(cfg),
+    }
+
+
+def axes(cfg: DictConfig) -> dict[str, str]:
+    """The experiment axes of a run, as MLflow tags and analysis columns."""
+    return {
+        "backend": cfg.backend.name,
+        "precision": cfg.quant.precision,
+        "correction": cfg.correction.mode,
+        "uaq_s": f"{cfg.uaq.s:g}",
+        "algo": cfg.algo.name,
+        "task": cfg.task.name,
+        "model": cfg.model.preset,
+        "aligned_forward": str(bool(cfg.correction.aligned_forward)).lower(),
+        "seed": str(cfg.seed),
+    }
+
+
+def axes_label(cfg: DictConfig) -> str:
+    a = axes(cfg)
+    return f"{a['algo']}-{a['precision']}-{a['correction']}-s{a['uaq_s']}-{a['task']}-seed{a['seed']}"

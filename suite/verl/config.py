@@ -1,0 +1,116 @@
+"""The verl backend's config section (``backend=verl``) and what it cannot run (docs/verl.md).
+
+Registered with suite.config ``register_backend`` on import (the package root imports this
+module), so that suite.config depends on no backend; nothing here imports verl.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+from omegaconf import DictConfig
+
+from suite.config import (
+    BackendConfig,
+    _check,
+    _choice,
+    _number,
+    _text,
+    register_backend,
+)
+from suite.verl.rollout_quant import VERL_PRECISIONS
+
+# verl actor strategies (engine backends) the QaRL aligned forward is plugged into (suite.verl.aligned)
+VERL_ALIGNED_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")
+
+
+@dataclass
+class VerlBackendConfig(BackendConfig):
+    """`backend=verl`: the same run on GPU nodes through verl 0.9.1 + vLLM (docs/verl.md).
+
+    A subclass, so that embedded runs keep their config (and run ids) unchanged. Paths are local
+    to the compute nodes: no hub access is assumed there.
+    """
+
+    name: str = "verl"
+    model_path: str = ""  # local Hugging Face model directory (config.json + safetensors); required
+    train_files: str = ""  # local parquet file(s) in verl's RL format (comma-separated); required
+    val_files: str = ""  # local held-out parquet file(s) (comma-separated); required
+    reward_fn_path: str = ""  # python file with compute_score(); empty = verl's default scorer by data_source
+    max_prompt_length: int = 1024  # prompt budget (tokens); longer prompts are filtered out by verl
+    nnodes: int = 1  # SLURM nodes the Ray cluster spans
+    n_gpus_per_node: int = 8  # GPUs per node
+    tensor_parallel_size: int = 1  # vLLM tensor parallel size of one rollout replica (GPUs)
+    gpu_memory_utilization: float = 0.6  # fraction of GPU memory vLLM may take (0, 1]
+    micro_batch_size_per_gpu: int = 4  # sequences per GPU per forward/backward (actor, critic, log-probs)
+    max_num_batched_tokens: int = 8192  # vLLM scheduler token budget per step (tokens)
+    ray_port: int = 6379  # Ray head GCS port on the first node
+    python: str = "python3"  # interpreter that runs verl.trainer.main_ppo on the head node
+    extra_overrides: List[str] = field(default_factory=list)  # verl Hydra overrides appended verbatim (last wins)
+
+
+def override_values(backend: DictConfig, key: str) -> list[str]:
+    """The values ``backend.extra_overrides`` gives verl's ``key`` (with or without Hydra's ``+``), in order."""
+    return [str(o).split("=", 1)[1] for o in backend.extra_overrides if str(o).lstrip("+").startswith(key + "=")]
+
+
+def validate_verl(cfg: DictConfig) -> None:
+    """What the verl backend cannot run, named before anything is submitted (docs/verl.md)."""
+    b = cfg.backend
+    _check(
+        "model_path" in b,
+        "backend",
+        "backend.name=verl needs the verl option of the backend group: use `backend=verl`, not `backend.name=verl`",
+    )
+    _choice(cfg, "quant.precision", VERL_PRECISIONS)
+    _check(cfg.uaq.group_lr_s == 1.0, "uaq.group_lr_s",
+           "the per-group learning-rate control runs on the embedded backend only (verl's actor has one LR); allowed "
+           "with backend=verl: 1.0")
+    _check(
+        cfg.task.eval_samples == 0,
+        "task.eval_samples",
+        "is embedded only: verl validates with one sampling setting (its mean@n replaces the greedy mean@1); "
+        "set actor_rollout_ref.rollout.val_kwargs.n / do_sample / temperature in backend.extra_overrides instead. allowed: 0",
+    )
+    if cfg.correction.aligned_forward:
+        strategies = override_values(b, "actor_rollout_ref.actor.strategy")
+        _check(
+            all(x in VERL_ALIGNED_STRATEGIES for x in strategies),
+            "backend.extra_overrides",
+            f"sets actor_rollout_ref.actor.strategy={strategies[-1] if strategies else ''}; the QaRL aligned forward "
+            f"(correction.aligned_forward=true) is plugged into verl's FSDP engines only: {', '.join(VERL_ALIGNED_STRATEGIES)}",
+        )
+        lora = override_values(b, "actor_rollout_ref.model.lora_rank")
+        _check(
+            all(x.strip() in ("0", "null") for x in lora),
+            "backend.extra_overrides",
+            f"sets actor_rollout_ref.model.lora_rank={lora[-1] if lora else ''}; the QaRL aligned forward quantizes the "
+            "base weights while the rollout quantizes base + LoRA merged: allowed with correction.aligned_forward=true: 0",
+        )
+    for key in ("model_path", "train_files", "val_files"):
+        _check(bool(b[key]), f"backend.{key}", "required with backend=verl (a local path on the compute nodes)")
+    _check(b.nnodes >= 1, "backend.nnodes", "must be >= 1")
+    _check(b.n_gpus_per_node >= 1, "backend.n_gpus_per_node", "must be >= 1")
+    _check(b.max_prompt_length >= 1, "backend.max_prompt_length", "must be >= 1")
+    _check(b.micro_batch_size_per_gpu >= 1, "backend.micro_batch_size_per_gpu", "must be >= 1")
+    _check(b.max_num_batched_tokens >= 1, "backend.max_num_batched_tokens", "must be >= 1")
+    tp = b.tensor_parallel_size
+    _check(
+        tp >= 1 and b.n_gpus_per_node % tp == 0,
+        "backend.tensor_parallel_size",
+        f"must be >= 1 and divide backend.n_gpus_per_node={b.n_gpus_per_node}, got {tp}",
+    )
+    _number(cfg, "backend.gpu_memory_utilization", 0, 1, lo_open=True)
+    _number(cfg, "backend.ray_port", 1, 65535)
+    _text(cfg, "backend.python")
+    for i, o in enumerate(b.extra_overrides):
+        _check("=" in str(o), f"backend.extra_overrides.{i}", f"must be a verl Hydra override key=value, got {o!r}")
+    _check(
+        cfg.rollout.prompts_per_step % cfg.train.minibatches == 0,
+        "train.minibatches",
+        f"verl splits prompts into mini-batches: must divide rollout.prompts_per_step={cfg.rollout.prompts_per_step}",
+    )
+
+
+register_backend("verl", VerlBackendConfig(), validate_verl)

@@ -1,0 +1,122 @@
+"""What verl 0.9.1 + vLLM need to run each rollout precision (``VERL_ROLLOUTS``; docs/verl.md).
+
+One :class:`VerlRollout` per precision of suite.core.quant ``QUANTIZERS`` that the verl backend
+runs (fp32 has no vLLM rollout). The translator (suite.verl.translate) takes the ``main_ppo``
+overrides and the worker environment from it, the vLLM worker extension (suite.verl.int8_hook)
+its weight-sync kind, the aligned forward (suite.verl.aligned) the quantizer the rollout really
+applies, written as one string (``SUITE_ALIGNED_FORWARD``).
+
+- bf16: vLLM's own bf16 rollout; nothing to add.
+- fp8: verl's native FP8 rollout (``rollout.quantization=fp8``), which quantizes 128x128 blocks
+  whatever ``quant.fp8_granularity`` says (verl ``vllm_async_server``: weight_block_size [128, 128]).
+- int8: vLLM's compressed-tensors W8A8 INT8 scheme (per-channel int8 weights, dynamic per-token
+  int8 activations) and our worker extension, which re-quantizes every synced weight.
+- w4a16: bf16 kernels on weights our worker extension fake-quantizes to the 4-bit grid at every
+  sync (the numerics of a W4A16 rollout, not its speed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from suite.core.quant import PRECISIONS, QuantScheme
+
+AR = "actor_rollout_ref.rollout"
+WORKER_EXTENSION = "suite.verl.int8_hook.QuantizedWeightSyncExtension"
+VERL_FP8_BLOCK = 128  # verl's native FP8 rollout: weight_block_size [128, 128] (vllm_async_server)
+
+# vLLM compressed-tensors config for W8A8 INT8 (the scheme llm-compressor writes for "W8A8"
+# int8): symmetric per-output-channel int8 weights, dynamic per-token int8 activations.
+W8A8_QUANT_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "int-quantized",
+    "ignore": ["lm_head"],
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
+        }
+    },
+}
+
+
+@dataclass(frozen=True)
+class VerlRollout:
+    """How verl + vLLM run one rollout precision."""
+
+    # main_ppo overrides; a dict value is written in Hydra's grammar by the translator
+    overrides: tuple[tuple[str, object], ...]
+    # what the worker extension does at each weight sync: "requantize" (int8 codes + scales into
+    # vLLM's quantized layers), "fake_quant" (weights put on the quantizer's grid), None (verl's own)
+    weight_sync: str | None
+    # the quantizer the rollout applies, from quant.group_size / quant.symmetric
+    scheme: Callable[[int, bool], QuantScheme]
+    # QuantScheme fields the spec string carries after the precision (see scheme_spec)
+    spec_fields: tuple[str, ...] = ()
+
+
+_EXTENSION = ((f"+{AR}.engine_kwargs.vllm.worker_extension_cls", WORKER_EXTENSION),)
+
+# In the order config errors list them (bf16, fp8, int8, w4a16).
+VERL_ROLLOUTS: dict[str, VerlRollout] = {
+    "bf16": VerlRollout((), None, lambda g, sym: QuantScheme(precision="bf16")),
+    "fp8": VerlRollout(
+        ((f"{AR}.quantization", "fp8"),), None,
+        lambda g, sym: QuantScheme(precision="fp8", fp8_granularity="block", block_size=VERL_FP8_BLOCK),
+        ("fp8_granularity", "block_size"),
+    ),
+    "int8": VerlRollout(
+        _EXTENSION + ((f"+{AR}.engine_kwargs.vllm.quantization", "compressed-tensors"),
+                      (f"+{AR}.engine_kwargs.vllm.hf_overrides", {"quantization_config": W8A8_QUANT_CONFIG})),
+        "requantize", lambda g, sym: QuantScheme(precision="int8"),
+    ),
+    "w4a16": VerlRollout(
+        _EXTENSION, "fake_quant", lambda g, sym: QuantScheme(precision="w4a16", group_size=int(g), symmetric=sym),
+        ("group_size", "symmetric"),
+    ),
+}
+VERL_PRECISIONS = tuple(VERL_ROLLOUTS)
+
+# spec text of a field: (write, read, what the forms message shows)
+_FIELD_TEXT: dict[str, tuple[Callable, Callable, str]] = {
+    "group_size": (str, int, "<group_size>"),
+    "block_size": (str, int, "<block_size>"),
+    "symmetric": (lambda b: "sym" if b else "asym", {"sym": True, "asym": False}.__getitem__, "<sym|asym>"),
+    # verl's FP8 rollout runs blocks only
+    "fp8_granularity": (str, lambda t: {"block": "block"}[t], "block"),
+}
+SPEC_FORMS = " | ".join(":".join([p, *(_FIELD_TEXT[f][2] for f in r.spec_fields)]) for p, r in VERL_ROLLOUTS.items())
+
+
+def rollout_scheme(precision: str, *, group_size: int = 128, symmetric: bool = True) -> QuantScheme:
+    """The quantizer a verl rollout of ``precision`` applies (``ValueError`` where verl has none)."""
+    if precision not in VERL_ROLLOUTS:
+        allowed = ", ".join(p for p in PRECISIONS if p in VERL_ROLLOUTS)
+        raise ValueError(f"aligned forward with backend=verl: quant.precision={precision!r}; allowed: {allowed}")
+    return VERL_ROLLOUTS[precision].scheme(group_size, symmetric)
+
+
+def scheme_spec(precision: str, *, group_size: int = 128, symmetric: bool = True) -> str:
+    """The rollout quantizer of a verl run as one string (an environment variable's value):
+    the precision, then its :attr:`VerlRollout.spec_fields`, ``:``-separated (``w4a16:128:sym``)."""
+    s = rollout_scheme(precision, group_size=group_size, symmetric=symmetric)
+    return ":".join([precision, *(_FIELD_TEXT[f][0](getattr(s, f)) for f in VERL_ROLLOUTS[precision].spec_fields)])
+
+
+def parse_spec(spec: str, env: str) -> QuantScheme:
+    """Inverse of :func:`scheme_spec`; a malformed spec raises ``ValueError`` naming ``env`` and the forms."""
+    parts = spec.strip().split(":")
+    rollout = VERL_ROLLOUTS.get(parts[0])
+    if rollout is not None and len(parts) == 1 + len(rollout.spec_fields):
+        try:
+            fields = {f: _FIELD_TEXT[f][1](t) for f, t in zip(rollout.spec_fields, parts[1:])}
+            return QuantScheme(precision=parts[0], **fields)
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"{env}={spec!r}: {exc}; allowed forms: {SPEC_FORMS}") from None
+    raise ValueError(f"{env}={spec!r}; allowed forms: {SPEC_FORMS}")
+
+
+__all__ = ["VERL_PRECISIONS", "VERL_ROLLOUTS", "W8A8_QUANT_CONFIG", "VerlRollout", "parse_spec", "rollout_scheme",
+           "scheme_spec"]
