@@ -204,7 +204,8 @@ def _sacct(job_ids: list[str]) -> dict[str, str]:
 def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
     """The state of every cell (see module docstring). `live_jobs` maps cell index -> the
     submitit job object of a local job started by this process (to reap it)."""
-    from suite.sweep.job import ERROR_FILE, error_line
+    from suite.cell import error_line
+    from suite.tracking.rundir import ERROR_FILE
 
     recs = latest_records(sweep)
     folder = Path(sweep.state_dir) / SUBMITIT_DIR
