@@ -24,6 +24,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
+
+from suite.tracking.atomic import atomic_write
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -65,4 +68,23 @@ def recorded_mlflow_run_id(run_dir: str | os.PathLike) -> str | None:
         with open(Path(run_dir) / RUN_FILE) as fh:
             return json.load(fh).get("run_id") or None
     except (OSError, ValueError, AttributeError):
+        return None
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` so a crash leaves either the old or the new file, never half."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """A run-dir record file, atomically (indented, sorted keys: stable diffs between writes)."""
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """A run-dir record file; None when it does not exist."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
         return None
