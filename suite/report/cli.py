@@ -65,9 +65,11 @@ def _sweep_source(args) -> dict:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=uri)
-        exp = client.get_experiment_by_name(sweep.experiment)
-        if exp is not None:
-            found = client.search_runs([exp.experiment_id],
+        from suite.tracking.experiments import experiment_id
+
+        exp_id = experiment_id(client, sweep.experiment, create=False)
+        if exp_id is not None:
+            found = client.search_runs([exp_id],
                                        f"tags.`suite.kind` = 'sweep' and tags.sweep = '{sweep.name}'",
                                        order_by=["attributes.start_time DESC"], max_results=1)
             parent = found[0].info.run_id if found else None

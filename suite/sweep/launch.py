@@ -305,15 +305,9 @@ def parent_run(sweep: Sweep, *, create: bool = True) -> Optional[str]:
                 pass  # deleted: make a new one
     if not create:
         return None
-    exp = client.get_experiment_by_name(sweep.experiment)
-    if exp is None:
-        try:
-            exp_id = client.create_experiment(sweep.experiment)
-        except MlflowException:
-            exp_id = client.get_experiment_by_name(sweep.experiment).experiment_id
-    else:
-        exp_id = exp.experiment_id
-    run = client.create_run(exp_id, run_name=sweep.name, tags={
+    from suite.tracking.experiments import create_run
+
+    run = create_run(client, sweep.experiment, run_name=sweep.name, tags={
         "suite.kind": "sweep", "sweep": sweep.name, "sweep_file": sweep.path,
         "mlflow.note.content": sweep.description or f"sweep {sweep.name} ({len(sweep.cells)} cells)"})
     atomic_write_text(path, json.dumps({"run_id": run.info.run_id, "tracking_uri": uri,

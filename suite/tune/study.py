@@ -24,12 +24,12 @@ import fcntl
 import gc
 import json
 import math
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from suite.tune.spec import LauncherSpec, ParamSpec, PrunerSpec, SamplerSpec, TuneSpec, TuneSpecError
+from suite.tracking.rundir import recorded_mlflow_run_id
 from suite.tune.worker import trial_job
 
 ROLE_TAG, STUDY_TAG, TRIAL_TAG, STATE_TAG = "tune_role", "tune_study", "trial", "trial_state"
@@ -166,8 +166,9 @@ def ensure_parent_run(study, spec: TuneSpec, tracking_uri: str, experiment: str,
     client = _client(tracking_uri)
     run_id = study.user_attrs.get(PARENT_ATTR) if study.user_attrs.get(URI_ATTR) == tracking_uri else None
     if run_id is None:
-        exp = client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+        from suite.tracking.experiments import create_run, experiment_id
+
+        exp_id = experiment_id(client, experiment)
         found = client.search_runs(
             [exp_id], filter_string=f"tags.{STUDY_TAG} = '{spec.study}' and tags.{ROLE_TAG} = 'study'",
             max_results=1,
@@ -175,7 +176,7 @@ def ensure_parent_run(study, spec: TuneSpec, tracking_uri: str, experiment: str,
         if found:
             run_id = found[0].info.run_id
         else:
-            run = client.create_run(exp_id, run_name=spec.study, tags={STUDY_TAG: spec.study, ROLE_TAG: "study"})
+            run = create_run(client, experiment, run_name=spec.study, tags={STUDY_TAG: spec.study, ROLE_TAG: "study"})
             run_id = run.info.run_id
             from mlflow.entities import Param
 
@@ -371,7 +372,7 @@ def _finish(study, number: int, job, tracking_uri: str, spec: TuneSpec, out) -> 
     except Exception as exc:  # noqa: BLE001 - a failed trial is recorded, the study goes on
         msg = _error_line(str(exc)) or type(exc).__name__
         study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
-        mlflow_id = _read_run_id(trial_dir(spec, number))
+        mlflow_id = recorded_mlflow_run_id(trial_dir(spec, number))
         _mark_child(tracking_uri, mlflow_id, "FAIL", None)
         out(f"trial {number}: FAILED: {msg[:300]} (log: {job.paths.stderr})")
         return
@@ -430,21 +431,13 @@ def _set_attr(study, number: int, key: str, value) -> None:
         optuna.trial.Trial(study, frozen._trial_id).set_user_attr(key, value)
 
 
-def _read_run_id(run_dir: str) -> str | None:
-    try:
-        with open(os.path.join(run_dir, "mlflow_run.json")) as fh:
-            return json.load(fh).get("run_id")
-    except (OSError, ValueError):
-        return None
-
-
 def _reconcile(study, tracking_uri: str, out) -> None:
     """After a crash between telling Optuna and tagging MLflow: tag finished trials' child runs."""
     from optuna.trial import TrialState
 
     for t in study.get_trials(deepcopy=False):
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
-            rid = t.user_attrs.get("mlflow_run_id") or _read_run_id(t.user_attrs.get("run_dir", ""))
+            rid = t.user_attrs.get("mlflow_run_id") or recorded_mlflow_run_id(t.user_attrs.get("run_dir", ""))
             if not rid:
                 continue
             try:
