@@ -71,9 +71,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"suite: could not mark the MLflow run FAILED: {mexc}", file=sys.stderr)
             raise
     elif cfg.backend.name == "verl":
+        from suite.tracking.lock import RunLockedError
         from suite.verl.runner import run as verl_run
 
-        summary = verl_run(cfg, run_dir)
+        try:
+            summary = verl_run(cfg, run_dir)
+        except RunLockedError as exc:  # as for embedded runs: the holder's MLflow run is its own
+            print(f"suite: run dir busy: {exc}", file=sys.stderr)
+            return 2
     else:  # validate() only admits known backends; this guards future additions
         raise ConfigError(f"backend.name={cfg.backend.name!r} has no runner")
     if summary.get("already_finished"):
