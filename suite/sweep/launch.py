@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from suite.sweep.guard import Driver, record_cancelled, sweep_targets
 from suite.sweep.spec import Cell, LauncherConfig, Resources, Sweep, SweepError, load_profile
+from suite.sweep.state_files import append_job, read_jobs, read_parent
 
 LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # local runs have no scheduler time limit; submitit needs one
 JOBS_FILE = "jobs.jsonl"
@@ -93,23 +95,11 @@ def make_executor(launcher: LauncherConfig, folder: str | os.PathLike, resources
 
 
 def _append_json(path: Path, obj: dict) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(obj) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    append_job(path, obj)
 
 
 def read_records(state_dir: str | os.PathLike) -> list[dict]:
-    path = Path(state_dir) / JOBS_FILE
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
-    return out
+    return read_jobs(Path(state_dir) / JOBS_FILE)  # a damaged file raises StateFileError naming it
 
 
 def latest_records(sweep: Sweep) -> dict[int, dict]:
@@ -295,8 +285,8 @@ def parent_run(sweep: Sweep, *, create: bool = True) -> Optional[str]:
     uri = resolve_tracking_uri(sweep.tracking_uri)
     path = Path(sweep.state_dir) / PARENT_FILE
     client = MlflowClient(tracking_uri=uri)
-    if path.exists():
-        info = json.loads(path.read_text())
+    info = read_parent(path)
+    if info is not None:
         if info.get("tracking_uri") == uri:
             try:
                 client.get_run(info["run_id"])
@@ -412,6 +402,10 @@ def launch(sweep: Sweep, *, retry_failed: bool = False, wait: bool | None = None
             return _launch(sweep, retry_failed=retry_failed, wait=wait, stream=stream)
     except RunLockedError as exc:
         raise SweepError(f"{sweep.path}: another `suite sweep` drives this sweep: {exc}") from None
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the guard stopped the jobs and ended their runs
+        print(f"\ninterrupted: run `suite sweep {sweep.path}` again to finish what is missing", file=stream or sys.stdout,
+              flush=True)
+        return 130
 
 
 def _launch(sweep: Sweep, *, retry_failed: bool, wait: bool | None, stream) -> int:
@@ -445,14 +439,26 @@ def _launch(sweep: Sweep, *, retry_failed: bool, wait: bool | None, stream) -> i
             set_parent_status(sweep, "FINISHED")
         print(f"nothing to submit: {len(by_state['done'])}/{n} done", file=stream, flush=True)
         return 0
+    from suite.tracking.loggers import resolve_tracking_uri
+
     parent = parent_run(sweep)
     log_parent_artifacts(sweep, parent)
+    live: dict[int, object] = {}
+    with Driver(resolve_tracking_uri(sweep.tracking_uri), parent,
+                lambda: sweep_targets(sweep, live, drv.last_poll), on_stopped=lambda t: record_cancelled(sweep, t),
+                out=lambda m: print(m, file=stream, flush=True)) as drv:
+        return _drive(sweep, folder, todo, live, parent, wait, drv, stream)
+
+
+def _drive(sweep: Sweep, folder: Path, todo: list[CellState], live: dict, parent: str, wait: bool, drv,
+           stream) -> int:
+    local = sweep.launcher.name == "local"
     set_parent_status(sweep, "RUNNING")
     executor = make_executor(sweep.launcher, folder, sweep.resources, job_name=sweep.name, sweep_path=sweep.path)
-    live: dict[int, object] = {}
     if not local:
         if todo:
-            live.update(_submit(sweep, executor, [s.cell for s in todo], parent))
+            with drv.hold():
+                live.update(_submit(sweep, executor, [s.cell for s in todo], parent))
             first = next(iter(live.values()))
             print(f"submitted {len(todo)} cells as SLURM job array {str(first.job_id).split('_')[0]} "
                   f"(profile {sweep.launcher.profile}, at most {executor.parameters.get('array_parallelism')} at once)",
@@ -461,58 +467,42 @@ def _launch(sweep: Sweep, *, retry_failed: bool, wait: bool | None, stream) -> i
             print(f"follow it with: suite status {sweep.path}", file=stream, flush=True)
             return 3
         todo = []
-    return _wait(sweep, executor, todo, live, parent, stream)
+    return _wait(sweep, executor, todo, live, parent, stream, drv)
 
 
-def _wait(sweep: Sweep, executor, todo: list[CellState], live: dict, parent: str, stream) -> int:
+def _wait(sweep: Sweep, executor, todo: list[CellState], live: dict, parent: str, stream, drv) -> int:
     local = sweep.launcher.name == "local"
     queue = [s.cell for s in todo]
     reported: set[int] = set()
     n = len(sweep.cells)
     start = time.time()
 
-    def _term(signum, frame):  # SIGTERM like Ctrl-C: stop our local jobs, leave a resumable state
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, _term) if local else None
-    try:
-        states = cell_states(sweep, live)
-        queued = {c.index for c in queue}
-        for s in states:
-            if s.state in ("done", "failed") and s.cell.index not in queued:
-                reported.add(s.cell.index)
-        while True:
-            active = [s for s in states if s.state in ("running", "pending")]
-            if local:
-                slots = sweep.launcher.max_parallel - len(active)
-                while queue and slots > 0:
-                    c = queue.pop(0)
+    # stop signals and errors: `drv` (suite.sweep.guard) stops the jobs and ends their MLflow runs
+    states = drv.last_poll = cell_states(sweep, live)
+    queued = {c.index for c in queue}
+    for s in states:
+        if s.state in ("done", "failed") and s.cell.index not in queued:
+            reported.add(s.cell.index)
+    while True:
+        active = [s for s in states if s.state in ("running", "pending")]
+        if local:
+            slots = sweep.launcher.max_parallel - len(active)
+            while queue and slots > 0:
+                c = queue.pop(0)
+                with drv.hold():
                     live.update(_submit(sweep, executor, [c], parent))
-                    print(f"started cell {c.index} {c.run_id}", file=stream, flush=True)
-                    slots -= 1
-            states = cell_states(sweep, live)
-            for s in states:
-                if s.cell.index not in reported and s.state in ("done", "failed", "cancelled", "interrupted") \
-                        and (s.cell.index in live or s.state != "interrupted"):
-                    reported.add(s.cell.index)
-                    print(_finish_line(s, sum(t.state == "done" for t in states), n), file=stream, flush=True)
-            active = [s for s in states if s.state in ("running", "pending")]
-            if not active and not queue:
-                break
-            time.sleep(sweep.launcher.poll_s)
-    except KeyboardInterrupt:
-        for j in live.values():
-            try:
-                j.cancel()
-            except Exception:  # noqa: BLE001
-                pass
-        set_parent_status(sweep, "KILLED")
-        print(f"\ninterrupted: run `suite sweep {sweep.path}` again to finish what is missing", file=stream,
-              flush=True)
-        return 130
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
+                print(f"started cell {c.index} {c.run_id}", file=stream, flush=True)
+                slots -= 1
+        states = drv.last_poll = cell_states(sweep, live)
+        for s in states:
+            if s.cell.index not in reported and s.state in ("done", "failed", "cancelled", "interrupted") \
+                    and (s.cell.index in live or s.state != "interrupted"):
+                reported.add(s.cell.index)
+                print(_finish_line(s, sum(t.state == "done" for t in states), n), file=stream, flush=True)
+        active = [s for s in states if s.state in ("running", "pending")]
+        if not active and not queue:
+            break
+        time.sleep(sweep.launcher.poll_s)
     print(f"\nsweep {sweep.name} in {(time.time() - start) / 60:.1f} min:", file=stream)
     print_states(states, stream)
     failed = [s for s in states if s.state != "done"]

@@ -274,7 +274,7 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
     if base.backend.name != "embedded":
         raise TuneSpecError(f"base: backend.name={base.backend.name}: suite tune runs embedded trials "
                             f"(pruning needs the trainer's on_eval hook); allowed: embedded")
-    optuna = _optuna()
+    _optuna()
     from optuna.trial import TrialState
 
     storage_url = resolve_storage(spec.storage)
@@ -315,41 +315,22 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
             out(f"trial {t.number}: left running by an interrupted `suite tune`; resuming it "
                 f"in {trial_dir(spec, t.number)}")
         queue = list(resumed)
-        t0 = last_note = time.perf_counter()
+        t0 = time.perf_counter()
+        from suite.sweep.guard import Driver, job_target
+
+        # a stop signal or an error: the trials' jobs are cancelled and their MLflow runs end KILLED;
+        # the Optuna trials stay RUNNING, so the next `suite tune` resumes them from their checkpoints
+        drv = Driver(tracking_uri, parent, lambda: [job_target(f"trial {n}", j, trial_dir(spec, n))
+                                                    for n, j in sorted(pending.items())], out=out)
         try:
-            while True:
-                for number, job in list(pending.items()):
-                    if job.done():
-                        del pending[number]
-                        _finish(study, number, job, tracking_uri, spec, out)
-                trials = study.get_trials(deepcopy=False)
-                started = sum(t.state != TrialState.WAITING for t in trials)
-                while len(pending) < spec.parallelism and (queue or started < n_target):
-                    if queue:
-                        t = queue.pop(0)
-                        number, trial_id, params = t.number, t._trial_id, _complete_params(study, t, dists)
-                    else:
-                        trial = study.ask(dists)
-                        number, trial_id, params = trial.number, trial._trial_id, trial.params
-                        started += 1
-                    optuna.trial.Trial(study, trial_id).set_user_attr("run_dir", trial_dir(spec, number))
-                    job = submit(number, trial_id, params)
-                    pending[number] = job
-                    out(f"trial {number}: started ({_fmt_params(params)}), job {job.job_id}")
-                if not pending:
-                    break
-                if time.perf_counter() - last_note >= PROGRESS_EVERY_S:
-                    done = sum(t.state.is_finished() for t in trials)
-                    out(f"[{(time.perf_counter() - t0) / 60:.1f} min] {done}/{n_target} trials finished, "
-                        f"running: {', '.join(map(str, sorted(pending)))}")
-                    last_note = time.perf_counter()
-                time.sleep(spec.poll_s)
+            with drv:
+                _drive(study, spec, dists, pending, queue, n_target, submit, drv, tracking_uri, out, t0)
         except KeyboardInterrupt:
-            out(f"interrupted: {len(pending)} trial(s) stay RUNNING in the study; their jobs continue. "
-                f"`suite tune FILE` again resumes them")
+            out("interrupted: the running trials were stopped and stay RUNNING in the study; "
+                "`suite tune FILE` again resumes them from their checkpoints")
             raise
         # submitit's LocalJob.__del__ polls its folder: let finished jobs go before interpreter shutdown.
-        job = executor = None
+        executor = drv = None
         gc.collect()
         summary = _summary(study, spec, storage_url, parent)
         _client(tracking_uri).set_terminated(parent, status="FINISHED")
@@ -361,6 +342,43 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
         return summary
 
 
+
+def _drive(study, spec: TuneSpec, dists: dict, pending: dict, queue: list, n_target: int, submit, drv,
+           tracking_uri: str, out, t0: float) -> None:
+    """Keep `spec.parallelism` trials running until the study holds `n_target` started trials and
+    every job has been told; `drv.hold()` keeps a stop signal out of a submission."""
+    optuna = _optuna()
+    from optuna.trial import TrialState
+
+    last_note = t0
+    while True:
+        for number, job in list(pending.items()):
+            if job.done():
+                del pending[number]
+                _finish(study, number, job, tracking_uri, spec, out)
+        trials = study.get_trials(deepcopy=False)
+        started = sum(t.state != TrialState.WAITING for t in trials)
+        while len(pending) < spec.parallelism and (queue or started < n_target):
+            if queue:
+                t = queue.pop(0)
+                number, trial_id, params = t.number, t._trial_id, _complete_params(study, t, dists)
+            else:
+                trial = study.ask(dists)
+                number, trial_id, params = trial.number, trial._trial_id, trial.params
+                started += 1
+            optuna.trial.Trial(study, trial_id).set_user_attr("run_dir", trial_dir(spec, number))
+            with drv.hold():
+                job = submit(number, trial_id, params)
+                pending[number] = job
+            out(f"trial {number}: started ({_fmt_params(params)}), job {job.job_id}")
+        if not pending:
+            break
+        if time.perf_counter() - last_note >= PROGRESS_EVERY_S:
+            done = sum(t.state.is_finished() for t in trials)
+            out(f"[{(time.perf_counter() - t0) / 60:.1f} min] {done}/{n_target} trials finished, "
+                f"running: {', '.join(map(str, sorted(pending)))}")
+            last_note = time.perf_counter()
+        time.sleep(spec.poll_s)
 
 
 def _finish(study, number: int, job, tracking_uri: str, spec: TuneSpec, out) -> None:

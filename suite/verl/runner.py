@@ -29,6 +29,7 @@ from typing import Callable, Mapping
 
 from omegaconf import DictConfig
 
+from suite.tracking.lock import run_lock
 from suite.tracking.rundir import RUN_FILE, SUMMARY_FILE
 from suite.tracking.rundir import VERL_LOG_FILE as LOG_FILE
 from suite.verl.translate import loss_env, uaq_model_dir, verl_command
@@ -260,7 +261,19 @@ def run(cfg: DictConfig, run_dir: str, *, env: Mapping[str, str] | None = None,
             time.sleep(10)
         with open(summary_path) as fh:
             return {**json.load(fh), "already_finished": False}
+    # Node 0 writes the run dir (MLflow run, scripts, verl's checkpoints, summary): one writer per
+    # run id, the embedded runs' lock, so a second `suite run` of this id exits naming the holder.
+    with run_lock(run_dir):
+        return _run_head(cfg, run_dir, alloc, env, execute, script, log_path)
 
+
+def _run_head(cfg: DictConfig, run_dir: str, alloc: Allocation, env: Mapping[str, str],
+              execute: Callable[[list[str], str, Mapping[str, str]], int], script: str, log_path: str) -> dict:
+    summary_path = os.path.join(run_dir, SUMMARY_FILE)
+    if os.path.isfile(summary_path):  # a holder finished it between run()'s check and the lock
+        with open(summary_path) as fh:
+            return {**json.load(fh), "already_finished": True}
+    nnodes = int(cfg.backend.nnodes)
     _prepare_model(cfg)
     rid = _mlflow_run(cfg, run_dir)
     if nnodes > 1:
