@@ -58,7 +58,7 @@ def _sweep_source(args) -> dict:
     uri = resolve_tracking_uri(args.tracking_uri or sweep.tracking_uri)
     parent = args.parent
     if parent is None:
-        from suite.sweep.launch import parent_run
+        from suite.sweep.parent import parent_run
 
         parent = parent_run(sweep, create=False) if not args.tracking_uri else None
     if parent is None:  # found by name: the sweep was launched from another state dir

@@ -82,9 +82,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from suite.sweep.launch import cell_states, parent_run, print_states, set_parent_status
-
+    from suite.sweep.parent import parent_run, set_parent_status
     from suite.sweep.spec import SweepError
+    from suite.sweep.states import cell_states, print_states
 
     sweep = _load(args)
     try:
@@ -101,7 +101,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from suite.sweep.launch import cancel
-
     from suite.sweep.spec import SweepError
 
     sweep = _load(args)

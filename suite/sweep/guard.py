@@ -21,7 +21,6 @@ with SIGKILL can do none of this: its jobs keep running and the next driver adop
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -29,6 +28,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from suite.tracking.rundir import is_finished, recorded_mlflow_run_id
 
 STOP_TIMEOUT_S = 120.0  # how long a driver waits for the jobs it cancelled to end (seconds)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -52,7 +53,7 @@ def job_target(name: str, job, run_dir: str) -> Target:
     def alive() -> bool:
         if local:
             return job.state == "RUNNING"  # the controller process is still there
-        from suite.sweep.launch import _SLURM_PENDING, _SLURM_RUNNING, _sacct
+        from suite.sweep.states import _SLURM_PENDING, _SLURM_RUNNING, _sacct
 
         state = _sacct([str(job.job_id)]).get(str(job.job_id), "PENDING")  # not in sacct yet: queued
         return state in _SLURM_RUNNING | _SLURM_PENDING
@@ -70,13 +71,6 @@ def pid_target(name: str, pid: int, alive: Callable[[], bool], run_dir: str) -> 
     return Target(name, cancel, alive, run_dir)
 
 
-def mlflow_run_id(run_dir: str) -> str | None:
-    try:
-        with open(os.path.join(run_dir, "mlflow_run.json"), encoding="utf-8") as fh:
-            rid = json.load(fh).get("run_id")
-    except (OSError, ValueError, AttributeError):
-        return None  # no run yet (stopped before the trainer made one) or a record we cannot read
-    return rid if isinstance(rid, str) and rid else None
 
 
 def stop(targets: list[Target], *, timeout_s: float = STOP_TIMEOUT_S, out=None) -> list[Target]:
@@ -201,7 +195,7 @@ class Driver:
                 self.on_stopped(targets)
             except Exception as rexc:  # noqa: BLE001
                 self.out(f"could not record the cancellations: {rexc}")
-        run_ids = [rid for t in targets if (rid := mlflow_run_id(t.run_dir))]
+        run_ids = [rid for t in targets if (rid := recorded_mlflow_run_id(t.run_dir))]
         end_runs(self.tracking_uri, run_ids, "KILLED", self.out)
         if self.parent_run_id:
             end_runs(self.tracking_uri, [self.parent_run_id], "KILLED" if interrupted else "FAILED", self.out)
@@ -217,11 +211,11 @@ def sweep_targets(sweep, live: dict, states: list | None) -> list[Target]:
     scheduler's, queued on purpose: they are left alone."""
     from pathlib import Path
 
-    from suite.sweep.launch import SUBMITIT_DIR, _pid_alive, latest_records
+    from suite.sweep.states import SUBMITIT_DIR, _pid_alive, latest_records
 
     cells = {c.index: c for c in sweep.cells}
     out = [job_target(f"cell {i}", job, cells[i].run_dir) for i, job in sorted(live.items())
-           if not os.path.exists(os.path.join(cells[i].run_dir, "summary.json"))]  # done: nothing to stop
+           if not is_finished(cells[i].run_dir)]  # done: nothing to stop
     adopted = [s for s in states or [] if s.state == "running" and s.cell.index not in live]
     if adopted:
         folder = Path(sweep.state_dir) / SUBMITIT_DIR
@@ -239,11 +233,11 @@ def record_cancelled(sweep, targets: list[Target]) -> None:
     """A `cancelled` line per stopped cell in jobs.jsonl, so `suite status` says what happened."""
     from pathlib import Path
 
-    from suite.sweep.launch import JOBS_FILE, _append_json, latest_records
+    from suite.sweep.states import JOBS_FILE, _append_json, latest_records
 
     by_dir = {c.run_dir: c for c in sweep.cells}
     recs = latest_records(sweep)
     for t in targets:
         cell = by_dir.get(t.run_dir)
-        if cell is not None and cell.index in recs and not os.path.exists(os.path.join(cell.run_dir, "summary.json")):
+        if cell is not None and cell.index in recs and not is_finished(cell.run_dir):
             _append_json(Path(sweep.state_dir) / JOBS_FILE, {**recs[cell.index], "cancelled": True, "time": time.time()})

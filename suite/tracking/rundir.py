@@ -63,12 +63,14 @@ def is_finished(run_dir: str | os.PathLike) -> bool:
 
 
 def recorded_mlflow_run_id(run_dir: str | os.PathLike) -> str | None:
-    """The MLflow run id recorded in mlflow_run.json; None when there is none or it cannot be read."""
+    """The MLflow run id recorded in mlflow_run.json; None when there is none yet (stopped before
+    the backend made one) or a record that cannot be read."""
     try:
-        with open(Path(run_dir) / RUN_FILE) as fh:
-            return json.load(fh).get("run_id") or None
+        with open(Path(run_dir) / RUN_FILE, encoding="utf-8") as fh:
+            rid = json.load(fh).get("run_id")
     except (OSError, ValueError, AttributeError):
         return None
+    return rid if isinstance(rid, str) and rid else None
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -28,8 +28,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from suite.tune.spec import LauncherSpec, ParamSpec, PrunerSpec, SamplerSpec, TuneSpec, TuneSpecError
 from suite.tracking.rundir import recorded_mlflow_run_id
+from suite.tune.spec import LauncherSpec, ParamSpec, PrunerSpec, SamplerSpec, TuneSpec, TuneSpecError
 from suite.tune.worker import trial_job
 
 ROLE_TAG, STUDY_TAG, TRIAL_TAG, STATE_TAG = "tune_role", "tune_study", "trial", "trial_state"
@@ -223,7 +223,7 @@ def make_executor(launcher: LauncherSpec, folder: str, job_name: str = "tune"):
     """A submitit executor for the trial jobs: the sweep launcher's (`suite.sweep.launch`:
     submitit's LocalExecutor, or SLURM with a profile from slurm/profiles/). The one place
     that chooses how a trial is launched."""
-    from suite.sweep.launch import make_executor as sweep_executor
+    from suite.sweep.executors import make_executor as sweep_executor
     from suite.sweep.spec import LauncherConfig, Resources, SweepError
 
     try:
