@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from suite.sweep.spec import LauncherConfig, Resources, SweepError, load_profile
+from suite.sweep.profiles import load_profile
+from suite.sweep.spec import LauncherConfig, Resources, SweepError
 
 LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # local runs have no scheduler time limit; submitit needs one
 

@@ -96,7 +96,7 @@ def load_tune_file(path: str, extra_overrides: list[str] | tuple[str, ...] = ())
     dotted ``extra_overrides`` (e.g. ``n_trials=4``) and check it with :func:`check_spec`."""
     if not os.path.exists(path):
         raise TuneSpecError(f"tune file {path!r} not found")
-    from suite.sweep.spec import read_yaml
+    from suite.sweep.fileio import read_yaml
 
     _, data = read_yaml(path, TuneSpecError)  # UTF-8, duplicate keys refused, errors name the file
     if not isinstance(data, dict):
@@ -206,7 +206,7 @@ def check_spec(spec: TuneSpec) -> None:
     if spec.launcher.cpus_per_task < 1:
         _fail("launcher.cpus_per_task", "must be >= 1")
     if spec.launcher.name == "slurm":
-        from suite.sweep.spec import SweepError, load_profile
+        from suite.sweep.profiles import SweepError, load_profile
 
         try:
             load_profile(spec.launcher.profile)
