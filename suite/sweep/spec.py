@@ -85,7 +85,7 @@ class Cell:
         if self.cfg.backend.name == "verl":
             try:
                 from suite.verl.translate import verl_command
-            except ImportError as exc:  # HOOK: suite.verl (issue 6) provides the translator
+            except ImportError as exc:  # a broken install: the dry run still lists the other cells
                 return [f"<verl translator unavailable: {exc}>"]
             return list(verl_command(self.cfg, self.run_dir))
         return ["suite", "run", *self.overrides]
