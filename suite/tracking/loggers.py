@@ -49,15 +49,7 @@ from suite.tracking.mlflow_logger import (
 )
 from suite.tracking.outage import LIVE_HTTP_ENV, SYNC_HTTP_ENV
 from suite.tracking.resync import SyncResult, resync, resync_cli, run_dir_problem
-from suite.tracking.rundir import (
-    ARTIFACTS_FILE,
-    METRICS_FILE,
-    PARAMS_FILE,
-    RUN_FILE,
-    SYNC_FILE,
-    TAGS_FILE,
-    atomic_write_text,
-)
+from suite.tracking.rundir import METRICS_FILE, RUN_FILE, SYNC_FILE, atomic_write_text
 from suite.tracking.values import flatten_params, to_float
 
 
@@ -169,9 +161,9 @@ class MultiLogger:
 
 
 __all__ = [
-    "ARTIFACTS_FILE", "DEFAULT_TRACKING_URI", "LIVE_HTTP_ENV", "MAX_KEY_LENGTH", "MAX_METRICS_PER_BATCH",
-    "MAX_PARAMS_TAGS_PER_BATCH", "MAX_PARAM_VAL_LENGTH", "MAX_TAG_VAL_LENGTH", "METRICS_FILE", "PARAMS_FILE",
-    "RUN_END_STATUSES", "RUN_FILE", "SYNC_FILE", "SYNC_HTTP_ENV", "TAGS_FILE", "ConsoleLogger",
+    "DEFAULT_TRACKING_URI", "LIVE_HTTP_ENV", "MAX_KEY_LENGTH", "MAX_METRICS_PER_BATCH",
+    "MAX_PARAMS_TAGS_PER_BATCH", "MAX_PARAM_VAL_LENGTH", "MAX_TAG_VAL_LENGTH", "METRICS_FILE",
+    "RUN_END_STATUSES", "RUN_FILE", "SYNC_FILE", "SYNC_HTTP_ENV", "ConsoleLogger",
     "CorruptMetricsError", "JsonlLogger", "MetricLogger", "MlflowLogger", "MultiLogger", "SyncResult",
     "atomic_write_text", "check_jsonl", "flatten_params", "mlflow_metric_key", "read_jsonl",
     "refuse_corrupt_jsonl", "resolve_tracking_uri", "resync", "resync_cli", "run_dir_problem", "truncate_jsonl",
