@@ -23,6 +23,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from suite import regimes
 from suite.embedded.tasks import FLAW_OPS
 from suite.core.losses import CORRECTIONS as _LOSS_REGISTRY
 from suite.core.losses import TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP
@@ -213,6 +214,8 @@ class Config:
             {"quant": "int8"},
             {"correction": "acr"},
             {"algo": "grpo"},
+            # optional preset over the choices above (suite.regimes); none by default
+            {"regime": None},
         ]
     )
     backend: BackendConfig = field(default_factory=BackendConfig)
@@ -247,6 +250,7 @@ def _register() -> None:
         cs.store(group="quant", name=precision, node=QuantConfig(precision=precision))
     for mode in CORRECTIONS:
         cs.store(group="correction", name=mode, node=CorrectionConfig(mode=mode))
+    regimes.register(cs)
     cs.store(group="algo", name="grpo", node=AlgoConfig(name="grpo"))
     # PPO: token-level GAE with a critic (verl: adv_estimator=gae); G responses per prompt like GRPO,
     # so both see the same rollouts per step and compare at equal cost.
