@@ -36,6 +36,9 @@ _KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9
 _PLAIN_VALUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 
 
+MAX_POLL_S = 86_400.0  # the longest poll interval a driver accepts (seconds): one day
+
+
 class SweepError(ValueError):
     """A sweep file, override or cell that cannot run; the message names file, cell and key."""
 
@@ -496,6 +499,8 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     if launcher.name not in LAUNCHERS:
         raise SweepError(f"{path}: launcher.name={launcher.name!r} is not a launcher; choose one of: {', '.join(LAUNCHERS)}")
     _check_positive(f"{path}: launcher", launcher, ("max_parallel", "poll_s", "max_cells"))
+    if launcher.poll_s > MAX_POLL_S:  # time.sleep overflows past ~1e9 s: the driver would die mid-sweep
+        raise SweepError(f"{path}: launcher.poll_s={launcher.poll_s!r} must be <= {MAX_POLL_S:g} (one day)")
     if launcher.max_requeue < 0:
         raise SweepError(f"{path}: launcher.max_requeue must be >= 0")
     resources_data = data.get("resources")
