@@ -37,6 +37,7 @@ from suite.sweep.profiles import DEFAULT_PROFILE, SlurmProfile, load_profile  # 
 
 LAUNCHERS = ("local", "slurm")
 TOP_KEYS = ("name", "description", "base", "matrix", "include", "exclude", "resources", "launcher")
+MAX_POLL_S = 86_400.0  # the longest poll interval a driver accepts (seconds): one day
 
 
 @dataclass
@@ -297,6 +298,8 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     if launcher.name not in LAUNCHERS:
         raise SweepError(f"{path}: launcher.name={launcher.name!r} is not a launcher; choose one of: {', '.join(LAUNCHERS)}")
     check_positive(f"{path}: launcher", launcher, ("max_parallel", "poll_s", "max_cells"))
+    if launcher.poll_s > MAX_POLL_S:  # time.sleep overflows past ~1e9 s: the driver would die mid-sweep
+        raise SweepError(f"{path}: launcher.poll_s={launcher.poll_s!r} must be <= {MAX_POLL_S:g} (one day)")
     if launcher.max_requeue < 0:
         raise SweepError(f"{path}: launcher.max_requeue must be >= 0")
     resources_data = data.get("resources")

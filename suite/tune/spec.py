@@ -16,6 +16,8 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from suite.sweep.spec import MAX_POLL_S
+
 PARAM_TYPES = ("float", "int", "categorical")
 DIRECTIONS = ("maximize", "minimize")
 SAMPLERS = ("tpe", "random", "grid")
@@ -179,8 +181,8 @@ def check_spec(spec: TuneSpec) -> None:
         _fail("n_trials", f"must be >= 1, got {spec.n_trials}")
     if spec.parallelism < 1:
         _fail("parallelism", f"must be >= 1, got {spec.parallelism}")
-    if not (spec.poll_s > 0 and math.isfinite(spec.poll_s)):  # inf: a driver that never polls its jobs
-        _fail("poll_s", f"must be > 0 and finite, got {spec.poll_s}")
+    if not (0 < spec.poll_s <= MAX_POLL_S):  # inf: a driver that never polls; past ~1e9 s time.sleep overflows
+        _fail("poll_s", f"must be in (0, {MAX_POLL_S:g}] seconds, got {spec.poll_s}")
     _choice("sampler.name", spec.sampler.name, SAMPLERS)
     if spec.sampler.name == "grid":
         for name, p in spec.space.items():
