@@ -45,43 +45,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"suite run {rid}\n  run dir: {run_dir}\n  tracking: {cfg.tracking.tracking_uri} "
           f"(experiment {cfg.tracking.experiment!r})", flush=True)
     start = time.perf_counter()
-    if cfg.backend.name == "embedded":
-        from suite.embedded.trainer import EmbeddedRun
-        from suite.hardware import HardwareError
-        from suite.tracking.loggers import CorruptMetricsError
-        from suite.tracking.lock import RunLockedError
+    from suite.cell import run_cell
+    from suite.hardware import HardwareError
+    from suite.tracking.lock import RunLockedError
+    from suite.tracking.loggers import CorruptMetricsError
 
-        try:
-            summary = EmbeddedRun(cfg, run_dir, progress=not args.no_progress and sys.stderr.isatty()).run()
-        except HardwareError as exc:  # refused before anything was created: no run dir, no MLflow run
-            print(f"suite: cannot run here: {exc}", file=sys.stderr)
-            return 2
-        except CorruptMetricsError as exc:  # refused before the warm start; the MLflow run is untouched
-            print(f"suite: cannot resume: {exc}", file=sys.stderr)
-            return 2
-        except RunLockedError as exc:  # the holder's MLflow run is its own: leave it alone
-            print(f"suite: run dir busy: {exc}", file=sys.stderr)
-            return 2
-        except Exception as exc:  # end the MLflow run FAILED (not RUNNING forever), then report
-            from suite.sweep.job import mark_mlflow_failed
-
-            try:
-                mark_mlflow_failed(cfg, run_dir, cfg.tracking.parent_run_id or None, {}, f"{type(exc).__name__}: {exc}")
-            except Exception as mexc:  # e.g. the tracking server is down: the JSONL still has every step
-                print(f"suite: could not mark the MLflow run FAILED: {mexc}", file=sys.stderr)
-            raise
-    elif cfg.backend.name == "verl":
-        from suite.verl.runner import run as verl_run
-
-        summary = verl_run(cfg, run_dir)
-    else:  # validate() only admits known backends; this guards future additions
-        raise ConfigError(f"backend.name={cfg.backend.name!r} has no runner")
-    if summary.get("already_finished"):
+    try:
+        summary = run_cell(cfg, run_dir, progress=not args.no_progress and sys.stderr.isatty())
+    except HardwareError as exc:  # refused before anything was created: no run dir, no MLflow run
+        print(f"suite: cannot run here: {exc}", file=sys.stderr)
+        return 2
+    except CorruptMetricsError as exc:  # refused before the warm start; the MLflow run is untouched
+        print(f"suite: cannot resume: {exc}", file=sys.stderr)
+        return 2
+    except RunLockedError as exc:  # the holder's MLflow run is its own: leave it alone
+        print(f"suite: run dir busy: {exc}", file=sys.stderr)
+        return 2
+    if summary.already_finished:
         print(f"already finished: {run_dir} (delete it to run again)")
     wall = time.perf_counter() - start
     print(
-        f"done {rid}: held-out acc {summary['baseline_acc']:.3f} -> {summary['final_acc']:.3f} "
-        f"({summary['delta_acc']:+.3f}) in {wall / 60:.1f} min; "
+        f"done {rid}: held-out acc {summary.baseline_acc:.3f} -> {summary.final_acc:.3f} "
+        f"({summary.delta_acc:+.3f}) in {wall / 60:.1f} min; "
         f"mlflow ui --backend-store-uri {cfg.tracking.tracking_uri}",
         flush=True,
     )

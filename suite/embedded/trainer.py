@@ -27,7 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from suite import hardware
-from suite.config import axes, identity_tags, run_id
+from suite.cell import open_mlflow_run
+from suite.config import run_id
 from suite.core import advantages as adv_fns
 from suite.core.losses import CORRECTIONS, masked_mean, policy_loss, value_loss
 from suite.core.metrics import (
@@ -48,7 +49,7 @@ from suite.embedded.tokenizer import CharTokenizer
 from suite.embedded.warmstart import load_or_train
 from suite.tracking import checkpoint as ckpt
 from suite.tracking.lock import run_lock
-from suite.tracking.loggers import JsonlLogger, MlflowLogger, MultiLogger, refuse_corrupt_jsonl
+from suite.tracking.loggers import JsonlLogger, MultiLogger, refuse_corrupt_jsonl
 
 EVAL_SEED = 10_007  # held-out prompts are the same for every run seed, so seeds compare on one set
 TRAIN_POOL = 20_000  # distinct training prompts per run seed
@@ -417,14 +418,10 @@ class EmbeddedRun:
         # Steps after the checkpoint are recomputed, never duplicated; with no checkpoint yet (a
         # kill before or during the first one) that is every step, the baseline evaluation included.
         jsonl.truncate_after(self.step if resumed is not None else -1, drop_corrupt=drop_corrupt)
-        mlflow_logger = MlflowLogger.for_run_dir(
-            self.run_dir, cfg.tracking.tracking_uri, cfg.tracking.experiment,
-            cfg.tracking.run_name or os.path.basename(self.run_dir), tags={**axes(cfg), **identity_tags(cfg), **dict(cfg.tracking.tags), "run_id": run_id(cfg),
-                  "kernels_executed": self.kernels_executed, "cpu_flags": hardware.cpu_features().label(),
-                  # a cache written before the flags were recorded says "unknown"
-                  "warm_start_cpu_flags": str(self.warm_info.get("cpu_flags", "unknown"))},
-            parent_run_id=cfg.tracking.parent_run_id or None,
-        )
+        mlflow_logger = open_mlflow_run(cfg, self.run_dir, tags={
+            "kernels_executed": self.kernels_executed, "cpu_flags": hardware.cpu_features().label(),
+            # a cache written before the flags were recorded says "unknown"
+            "warm_start_cpu_flags": str(self.warm_info.get("cpu_flags", "unknown"))})
         logger = MultiLogger([jsonl, mlflow_logger])
         if self.step == 0:
             logger.log_params(OmegaConf.to_container(cfg, resolve=True))

@@ -54,20 +54,27 @@ def _sweep_source(args) -> dict:
     try:
         sweep = load_sweep(args.sweep_file, args.sweep_overrides)
     except SweepError as e:
-        raise SystemExit(f"suite report: bad sweep file: {e}") from None
+        print(f"suite report: bad sweep file: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     uri = resolve_tracking_uri(args.tracking_uri or sweep.tracking_uri)
     parent = args.parent
     if parent is None:
-        from suite.sweep.launch import parent_run
+        from suite.sweep.parent import parent_run
 
-        parent = parent_run(sweep, create=False) if not args.tracking_uri else None
+        try:
+            parent = parent_run(sweep, create=False) if not args.tracking_uri else None
+        except SweepError as e:  # a damaged parent_run.json, named
+            print(f"suite report: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
     if parent is None:  # found by name: the sweep was launched from another state dir
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=uri)
-        exp = client.get_experiment_by_name(sweep.experiment)
-        if exp is not None:
-            found = client.search_runs([exp.experiment_id],
+        from suite.tracking.experiments import experiment_id
+
+        exp_id = experiment_id(client, sweep.experiment, create=False)
+        if exp_id is not None:
+            found = client.search_runs([exp_id],
                                        f"tags.`suite.kind` = 'sweep' and tags.sweep = '{sweep.name}'",
                                        order_by=["attributes.start_time DESC"], max_results=1)
             parent = found[0].info.run_id if found else None
@@ -77,6 +84,13 @@ def _sweep_source(args) -> dict:
                  "params": config_params(c.cfg), **c.config_axes} for c in sweep.cells]
     return {"tracking_uri": uri, "experiment": args.experiment or sweep.experiment, "parent": parent,
             "name": sweep.name, "expected": expected}
+
+
+def _store_error(e: Exception) -> bool:
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    return isinstance(e, (MlflowException, SQLAlchemyError))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -117,6 +131,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         rd = D.load_runs(uri, experiment=experiment, filter_string=flt, parent_run_id=parent, quiet=args.quiet)
     except ValueError as e:
         print(f"suite report: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - the store itself: a file that is not an MLflow database, a dead server
+        if not _store_error(e):
+            raise
+        print(f"suite report: cannot read the MLflow store {uri}: {str(e).splitlines()[0][:300]}", file=sys.stderr)
         return 2
     if expected is not None:
         rd.runs = D.add_missing(rd.runs, expected)

@@ -120,9 +120,38 @@ PARSERS = {
 FILE_PARSERS = {"kl": {"correction": _choice((*CORRECTIONS, UNSTATED))}}
 
 
+def _read_csv(path: Path) -> pd.DataFrame:
+    """Every cell as text; a row with another number of fields than the header, text that is not
+    UTF-8 or CSV that does not parse is refused naming the file and line (pandas would pad a short
+    row, or fail with its own traceback)."""
+    import csv
+
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:
+            reader = csv.reader(fh, strict=True)
+            header = next(reader, None)
+            if not header:
+                raise PaperDataError(f"{path}: empty file (needs a header line)")
+            rows = []
+            for row in reader:
+                if not row:
+                    continue
+                if len(row) != len(header):
+                    raise PaperDataError(f"{path}: line {reader.line_num}: {len(row)} fields, the header has "
+                                         f"{len(header)}")
+                rows.append(row)
+    except UnicodeDecodeError as e:
+        raise PaperDataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except csv.Error as e:
+        raise PaperDataError(f"{path}: line {reader.line_num}: not valid CSV ({e})") from None
+    except OSError as e:
+        raise PaperDataError(f"{path}: cannot read: {e.strerror or e}") from None
+    return pd.DataFrame(rows, columns=header, dtype=str)
+
+
 def read_paper_csv(path: Path, name: str) -> pd.DataFrame:
     """One published-values CSV, every identity value checked and parsed (PaperDataError if not)."""
-    raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+    raw = _read_csv(path)
     missing = [c for c in REQUIRED[name] if c not in raw.columns]
     if missing:
         raise PaperDataError(f"{path}: column {missing[0]!r} missing (needs: {', '.join(REQUIRED[name])})")

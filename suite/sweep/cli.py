@@ -82,22 +82,33 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from suite.sweep.launch import cell_states, parent_run, print_states, set_parent_status
+    from suite.sweep.parent import parent_run, set_parent_status
+    from suite.sweep.spec import SweepError
+    from suite.sweep.states import cell_states, print_states
 
     sweep = _load(args)
-    states = cell_states(sweep)
-    print(f"sweep {sweep.name} ({sweep.path}); state {sweep.state_dir}")
-    print_states(states)
-    if all(s.state == "done" for s in states) and parent_run(sweep, create=False):
-        set_parent_status(sweep, "FINISHED")
+    try:
+        states = cell_states(sweep)
+        print(f"sweep {sweep.name} ({sweep.path}); state {sweep.state_dir}")
+        print_states(states)
+        if all(s.state == "done" for s in states) and parent_run(sweep, create=False):
+            set_parent_status(sweep, "FINISHED")
+    except SweepError as exc:  # a damaged state file, named
+        print(f"suite status: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from suite.sweep.launch import cancel
+    from suite.sweep.spec import SweepError
 
     sweep = _load(args)
-    cancel(sweep)
+    try:
+        cancel(sweep)
+    except SweepError as exc:  # a damaged state file, named
+        print(f"suite cancel: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -16,28 +16,28 @@ import itertools
 import json
 import math
 import os
-import re
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+from suite.sweep.fileio import (  # noqa: F401 - read_yaml and format_value are the sweep files' API too
+    NAME_RE,
+    SweepError,
+    axis_values,
+    check_key,
+    check_positive,
+    format_value,
+    override_key,
+    read_yaml,
+    scalar,
+    typed,
+)
+from suite.sweep.profiles import DEFAULT_PROFILE, SlurmProfile, load_profile  # noqa: F401 - load_profile: the launchers'
 
 LAUNCHERS = ("local", "slurm")
 TOP_KEYS = ("name", "description", "base", "matrix", "include", "exclude", "resources", "launcher")
-# Profiles ship in slurm/profiles/ at the repository root (beside the suite package).
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "slurm" / "profiles"
-DEFAULT_PROFILE = "dev"  # the local development cluster (slurm/dev-cluster.sh)
-# Names that become directory names, SLURM job names or sbatch option values: no shell or path syntax.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-_SBATCH_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:+@%=/-]{1,200}$")
-_KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(@[A-Za-z0-9_.]+)?$")
-# Unquoted Hydra values that need no quoting (anything else is single-quoted, escaped).
-_PLAIN_VALUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
-
-
-class SweepError(ValueError):
-    """A sweep file, override or cell that cannot run; the message names file, cell and key."""
+MAX_POLL_S = 86_400.0  # the longest poll interval a driver accepts (seconds): one day
 
 
 @dataclass
@@ -64,27 +64,6 @@ class Resources:
 
 
 @dataclass
-class SlurmProfile:
-    """A cluster profile (slurm/profiles/<name>.yaml): where and how SLURM runs a cell."""
-
-    description: str = ""  # one line: the machine it describes
-    partition: Optional[str] = None  # sbatch --partition (None = the cluster default)
-    account: Optional[str] = None  # sbatch --account
-    qos: Optional[str] = None  # sbatch --qos
-    constraint: Optional[str] = None  # sbatch --constraint (node features, e.g. h100)
-    nodes: int = 1  # nodes per run (> 1: multi-node verl runs; embedded runs use one)
-    tasks_per_node: int = 1  # processes per node (1: the runner starts its own workers, e.g. Ray)
-    gpus_per_node: int = 0  # GPUs per node (--gpus-per-node)
-    cpus_per_task: int = 1  # CPU cores per task
-    mem_gb: Optional[float] = None  # memory per node in GB (None = the partition default)
-    timeout_min: int = 60  # time limit of one job (minutes); requeued from the checkpoint after it
-    array_parallelism: int = 64  # cap of concurrently running array tasks (min with launcher.max_parallel)
-    signal_delay_s: int = 120  # USR2 this many seconds before the time limit (checkpoint + requeue)
-    setup: List[str] = field(default_factory=list)  # trusted shell lines before the run (module load ...)
-    additional: Dict[str, str] = field(default_factory=dict)  # extra sbatch options, e.g. {exclusive: "user"}
-
-
-@dataclass
 class Cell:
     """One run of a sweep."""
 
@@ -107,7 +86,7 @@ class Cell:
         if self.cfg.backend.name == "verl":
             try:
                 from suite.verl.translate import verl_command
-            except ImportError as exc:  # HOOK: suite.verl (issue 6) provides the translator
+            except ImportError as exc:  # a broken install: the dry run still lists the other cells
                 return [f"<verl translator unavailable: {exc}>"]
             return list(verl_command(self.cfg, self.run_dir))
         return ["suite", "run", *self.overrides]
@@ -152,183 +131,6 @@ class Sweep:
         w.writeheader()
         w.writerows(rows)
         return buf.getvalue()
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _unique_key_loader():
-    """PyYAML's SafeLoader, except that a mapping with a key twice is an error (PyYAML keeps
-    the last value silently: a duplicated axis would lose a whole column of the matrix)."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        pass
-
-    def construct_mapping(loader, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=deep)
-            try:
-                first = seen.get(key)
-            except TypeError:  # an unhashable key: SafeLoader's own error follows
-                break
-            if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key!r} (first at line {first.line + 1})", key_node.start_mark)
-            seen[key] = key_node.start_mark
-        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
-    return UniqueKeyLoader
-
-
-def read_yaml(path: str | os.PathLike, error: type[Exception] = None) -> tuple[str, Any]:
-    """(text, data) of a YAML file read as UTF-8, duplicate keys refused; errors name the file."""
-    import yaml
-
-    error = error or SweepError
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the file as UTF-8") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        data = yaml.load(text, Loader=_unique_key_loader())  # a SafeLoader subclass: no arbitrary objects
-    except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML: {exc}") from None
-    return text, data
-
-
-def format_value(value: Any) -> str:
-    """A YAML scalar as a Hydra override value; strings that are not plain words are quoted,
-    so a value is always one literal (Hydra grammar), never interpreted."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{value!r} is not a finite number")
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        if _PLAIN_VALUE_RE.match(value) and value.lower() not in ("null", "true", "false", "nan", "inf"):
-            return value
-        escaped = value.replace("\\", "\\\\").replace("'", "\\'")
-        return f"'{escaped}'"
-    raise TypeError(type(value).__name__)
-
-
-def _override_key(line: str) -> str:
-    """The key of an override line without its +/++/~ prefix (`+a.b=1` -> `a.b`)."""
-    key = line.split("=", 1)[0]
-    return key.lstrip("+~")
-
-
-def _check_key(where: str, key: Any) -> str:
-    if not isinstance(key, str) or not _KEY_RE.match(key):
-        raise SweepError(f"{where}: {key!r} is not a config key (e.g. quant, uaq.s, +tracking.tags.note)")
-    return key
-
-
-def _scalar(where: str, key: str, value: Any) -> str:
-    if isinstance(value, (dict, list)):
-        raise SweepError(f"{where}: key {key!r}: value {value!r} must be a scalar (string, number, bool, null)")
-    try:
-        return format_value(value)
-    except TypeError:
-        raise SweepError(f"{where}: key {key!r}: value of type {type(value).__name__} is not a scalar") from None
-    except ValueError as exc:  # .inf / .nan: no run takes them, and a cell would fail only once started
-        raise SweepError(f"{where}: key {key!r}: {exc}") from None
-
-
-def _values(where: str, key: str, values: Any) -> list[str]:
-    """An axis: a non-empty list of distinct scalars (a scalar is an axis of one value)."""
-    if not isinstance(values, list):
-        if isinstance(values, dict):
-            raise SweepError(f"{where}: axis {key!r} must be a list of values, got a mapping")
-        values = [values]
-    if not values:
-        raise SweepError(f"{where}: axis {key!r} has no values (empty list)")
-    out = [_scalar(where, key, v) for v in values]
-    dup = sorted({v for v in out if out.count(v) > 1})
-    if dup:
-        raise SweepError(f"{where}: axis {key!r} lists {', '.join(dup)} more than once")
-    return out
-
-
-def _typed(where: str, schema: type, data: Any):
-    """Merge a YAML mapping onto a dataclass schema: unknown keys and bad types name the key."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise SweepError(f"{where}: must be a mapping, got {type(data).__name__}")
-    allowed = [f.name for f in fields(schema)]
-    for k in data:
-        if k not in allowed:
-            raise SweepError(f"{where}: unknown key {k!r}; allowed: {', '.join(allowed)}")
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), data)
-    except Exception as exc:  # noqa: BLE001 - OmegaConf's validation error carries the key
-        msg = str(exc).splitlines()[0]
-        key = getattr(exc, "full_key", None)
-        raise SweepError(f"{where}: key {key!r}: {msg}" if key else f"{where}: {msg}") from None
-    return OmegaConf.to_object(merged)
-
-
-def _check_positive(where: str, obj: Any, names: tuple[str, ...]) -> None:
-    for n in names:
-        v = getattr(obj, n)
-        if v is not None and not (v > 0 and math.isfinite(v)):  # inf seconds: a poll loop that never polls
-            raise SweepError(f"{where}: {n}={v!r} must be > 0 and finite")
-
-
-def find_profile(name: str, sweep_path: str | None = None) -> Path:
-    """A profile name (slurm/profiles/<name>.yaml) or a path to a profile .yaml file."""
-    if name.endswith((".yaml", ".yml")):
-        p = Path(name)
-        if not p.is_absolute() and sweep_path is not None and not p.exists():
-            p = Path(sweep_path).parent / p
-        return p
-    return PROFILES_DIR / f"{name}.yaml"
-
-
-def available_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
-
-
-def load_profile(name: str, sweep_path: str | None = None) -> tuple[SlurmProfile, str]:
-    """Read and check a cluster profile; errors name the profile file and key."""
-    if not name.endswith((".yaml", ".yml")) and not _NAME_RE.match(name):
-        raise SweepError(f"launcher.profile={name!r} is not a profile name; available: {', '.join(available_profiles())}")
-    path = find_profile(name, sweep_path)
-    if not path.is_file():
-        raise SweepError(
-            f"launcher.profile={name!r}: no profile {path}; available: {', '.join(available_profiles())}"
-        )
-    _, data = read_yaml(path)
-    prof = _typed(str(path), SlurmProfile, data)
-    _check_positive(str(path), prof, ("nodes", "tasks_per_node", "cpus_per_task", "timeout_min",
-                                      "array_parallelism", "mem_gb"))
-    if prof.gpus_per_node < 0 or prof.signal_delay_s < 0:
-        raise SweepError(f"{path}: gpus_per_node and signal_delay_s must be >= 0")
-    for key in ("partition", "account", "qos", "constraint"):
-        _check_sbatch_value(str(path), key, getattr(prof, key))
-    for key, value in prof.additional.items():
-        if not re.match(r"^[a-z][a-z0-9-_]*$", key):
-            raise SweepError(f"{path}: additional: {key!r} is not an sbatch option name")
-        _check_sbatch_value(str(path), f"additional.{key}", value)
-    return prof, str(path)
-
-
-def _check_sbatch_value(where: str, key: str, value: Any) -> None:
-    if value is None:
-        return
-    if not _SBATCH_VALUE_RE.match(str(value)):
-        raise SweepError(f"{where}: {key}={value!r}: only letters, digits and _.,:+@%=/- are allowed")
 
 
 # --------------------------------------------------------------------------- loading
@@ -376,13 +178,13 @@ def _base_overrides(where: str, base: Any) -> list[str]:
     if base is None:
         return []
     if isinstance(base, dict):
-        return [f"{_check_key(where, k)}={_scalar(where, k, v)}" for k, v in base.items()]
+        return [f"{check_key(where, k)}={scalar(where, k, v)}" for k, v in base.items()]
     if isinstance(base, list):
         out = []
         for i, line in enumerate(base):
             if not isinstance(line, str) or ("=" not in line and not line.startswith("~")):
                 raise SweepError(f"{where}[{i}]: {line!r} is not an override 'key=value'")
-            _check_key(f"{where}[{i}]", line.split("=", 1)[0])
+            check_key(f"{where}[{i}]", line.split("=", 1)[0])
             out.append(line)
         return out
     raise SweepError(f"{where}: must be a list of 'key=value' overrides or a mapping, got {type(base).__name__}")
@@ -413,9 +215,9 @@ def _expand(path: str, matrix: Any, include: Any, exclude: Any,
                          f"got {type(matrix).__name__}")
     axes: dict[str, list[str]] = {}
     for k, vals in matrix.items():
-        axes[_check_key(f"{path}: matrix", k)] = _values(f"{path}: matrix", k, vals)
+        axes[check_key(f"{path}: matrix", k)] = axis_values(f"{path}: matrix", k, vals)
     keys = list(axes)
-    includes = [(where, {_check_key(where, k): _values(where, k, v) for k, v in entry.items()})
+    includes = [(where, {check_key(where, k): axis_values(where, k, v) for k, v in entry.items()})
                 for where, entry in _rules(path, "include", include, "override key -> value(s)")]
     total = math.prod(len(v) for v in axes.values()) if axes else 0
     for _, own in includes:
@@ -441,10 +243,10 @@ def _expand(path: str, matrix: Any, include: Any, exclude: Any,
     for where, rule in _rules(path, "exclude", exclude, "axis -> value(s)"):
         rvals = {}
         for k, v in rule.items():
-            _check_key(where, k)
+            check_key(where, k)
             if k not in keys:
                 raise SweepError(f"{where}: key {k!r} is not a matrix or include axis; axes: {', '.join(keys) or '(none)'}")
-            rvals[k] = _values(where, k, v)
+            rvals[k] = axis_values(where, k, v)
         before = len(cells)
         cells = [c for c in cells if not all(k in c and c[k] in vs for k, vs in rvals.items())]
         if len(cells) == before:
@@ -478,7 +280,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
         if k not in TOP_KEYS:
             raise SweepError(f"{path}: unknown key {k!r}; allowed: {', '.join(TOP_KEYS)}")
     name = data.get("name")
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.match(name):
         raise SweepError(f"{path}: name={name!r}: required; letters, digits and _.- only "
                          f"(it names a directory, an MLflow run and SLURM jobs)")
     description = data.get("description") or ""
@@ -492,17 +294,19 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     launcher_data = data.get("launcher")
     if isinstance(launcher_data, dict) or launcher_data is None:  # anything else: _typed names the error
         launcher_data = {**(launcher_data or {}), **{k: _yaml_scalar(v) for k, v in cli_launcher.items()}}
-    launcher = _typed(f"{path}: launcher", LauncherConfig, launcher_data)
+    launcher = typed(f"{path}: launcher", LauncherConfig, launcher_data)
     if launcher.name not in LAUNCHERS:
         raise SweepError(f"{path}: launcher.name={launcher.name!r} is not a launcher; choose one of: {', '.join(LAUNCHERS)}")
-    _check_positive(f"{path}: launcher", launcher, ("max_parallel", "poll_s", "max_cells"))
+    check_positive(f"{path}: launcher", launcher, ("max_parallel", "poll_s", "max_cells"))
+    if launcher.poll_s > MAX_POLL_S:  # time.sleep overflows past ~1e9 s: the driver would die mid-sweep
+        raise SweepError(f"{path}: launcher.poll_s={launcher.poll_s!r} must be <= {MAX_POLL_S:g} (one day)")
     if launcher.max_requeue < 0:
         raise SweepError(f"{path}: launcher.max_requeue must be >= 0")
     resources_data = data.get("resources")
     if isinstance(resources_data, dict) or resources_data is None:
         resources_data = {**(resources_data or {}), **{k: _yaml_scalar(v) for k, v in cli_resources.items()}}
-    resources = _typed(f"{path}: resources", Resources, resources_data)
-    _check_positive(f"{path}: resources", resources, ("timeout_min", "nodes", "cpus_per_task", "mem_gb"))
+    resources = typed(f"{path}: resources", Resources, resources_data)
+    check_positive(f"{path}: resources", resources, ("timeout_min", "nodes", "cpus_per_task", "mem_gb"))
     if resources.gpus_per_node is not None and resources.gpus_per_node < 0:
         raise SweepError(f"{path}: resources.gpus_per_node must be >= 0")
     profile = profile_path = None
@@ -514,27 +318,27 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
 
     base = _base_overrides(f"{path}: base", data.get("base"))
     keys, raw_cells = _expand(path, data.get("matrix"), data.get("include"), data.get("exclude"), launcher.max_cells)
-    base_keys = {_override_key(b) for b in base}
+    base_keys = {override_key(b) for b in base}
     matrix_keys = list((data.get("matrix") or {}).keys())
     for k in matrix_keys:
-        if _override_key(k) in base_keys:
+        if override_key(k) in base_keys:
             raise SweepError(f"{path}: key {k!r} is both in base and a matrix axis; keep one "
                              f"(an include entry may override a base value for its cells)")
     for line in cli_cfg:
-        if _override_key(line) in {_override_key(k) for k in keys}:
-            raise SweepError(f"{path}: override {line!r} sets the matrix axis {_override_key(line)!r}; "
+        if override_key(line) in {override_key(k) for k in keys}:
+            raise SweepError(f"{path}: override {line!r} sets the matrix axis {override_key(line)!r}; "
                              f"edit the file's matrix instead")
     # CLI overrides replace base entries of the same key; the rest are appended.
-    cli_keys = {_override_key(line) for line in cli_cfg}
-    common = [b for b in base if _override_key(b) not in cli_keys] + cli_cfg
+    cli_keys = {override_key(line) for line in cli_cfg}
+    common = [b for b in base if override_key(b) not in cli_keys] + cli_cfg
 
     composer = CellComposer()
     cells: list[Cell] = []
     seen: dict[str, int] = {}
     for i, values in enumerate(raw_cells):
         axis_lines = [f"{k}={v}" for k, v in values.items()]
-        own = {_override_key(k) for k in values}
-        ov = [line for line in common if _override_key(line) not in own] + axis_lines  # include beats base
+        own = {override_key(k) for k in values}
+        ov = [line for line in common if override_key(line) not in own] + axis_lines  # include beats base
         shown = " ".join(axis_lines) or "(base only)"
         try:
             cfg = composer.compose(ov)
@@ -545,7 +349,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
             raise SweepError(f"{path}: cell {i} ({shown}): {msg}") from None
         # Pin the hardware choices resolved here, so a compute node of another type that
         # composes the cell again computes the same numerics (or refuses: suite.hardware).
-        ov = ov + [pin for pin in hardware_pins(cfg) if _override_key(pin) not in {_override_key(x) for x in ov}]
+        ov = ov + [pin for pin in hardware_pins(cfg) if override_key(pin) not in {override_key(x) for x in ov}]
         rid = run_id(cfg)
         if rid in seen:
             j = seen[rid]

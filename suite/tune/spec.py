@@ -16,6 +16,8 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from suite.sweep.spec import MAX_POLL_S
+
 PARAM_TYPES = ("float", "int", "categorical")
 DIRECTIONS = ("maximize", "minimize")
 SAMPLERS = ("tpe", "random", "grid")
@@ -96,7 +98,7 @@ def load_tune_file(path: str, extra_overrides: list[str] | tuple[str, ...] = ())
     dotted ``extra_overrides`` (e.g. ``n_trials=4``) and check it with :func:`check_spec`."""
     if not os.path.exists(path):
         raise TuneSpecError(f"tune file {path!r} not found")
-    from suite.sweep.spec import read_yaml
+    from suite.sweep.fileio import read_yaml
 
     _, data = read_yaml(path, TuneSpecError)  # UTF-8, duplicate keys refused, errors name the file
     if not isinstance(data, dict):
@@ -179,8 +181,8 @@ def check_spec(spec: TuneSpec) -> None:
         _fail("n_trials", f"must be >= 1, got {spec.n_trials}")
     if spec.parallelism < 1:
         _fail("parallelism", f"must be >= 1, got {spec.parallelism}")
-    if not (spec.poll_s > 0 and math.isfinite(spec.poll_s)):  # inf: a driver that never polls its jobs
-        _fail("poll_s", f"must be > 0 and finite, got {spec.poll_s}")
+    if not (0 < spec.poll_s <= MAX_POLL_S):  # inf: a driver that never polls; past ~1e9 s time.sleep overflows
+        _fail("poll_s", f"must be in (0, {MAX_POLL_S:g}] seconds, got {spec.poll_s}")
     _choice("sampler.name", spec.sampler.name, SAMPLERS)
     if spec.sampler.name == "grid":
         for name, p in spec.space.items():
@@ -206,7 +208,7 @@ def check_spec(spec: TuneSpec) -> None:
     if spec.launcher.cpus_per_task < 1:
         _fail("launcher.cpus_per_task", "must be >= 1")
     if spec.launcher.name == "slurm":
-        from suite.sweep.spec import SweepError, load_profile
+        from suite.sweep.profiles import SweepError, load_profile
 
         try:
             load_profile(spec.launcher.profile)

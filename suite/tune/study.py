@@ -24,11 +24,11 @@ import fcntl
 import gc
 import json
 import math
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from suite.tracking.rundir import recorded_mlflow_run_id
 from suite.tune.spec import LauncherSpec, ParamSpec, PrunerSpec, SamplerSpec, TuneSpec, TuneSpecError
 from suite.tune.worker import trial_job
 
@@ -166,8 +166,9 @@ def ensure_parent_run(study, spec: TuneSpec, tracking_uri: str, experiment: str,
     client = _client(tracking_uri)
     run_id = study.user_attrs.get(PARENT_ATTR) if study.user_attrs.get(URI_ATTR) == tracking_uri else None
     if run_id is None:
-        exp = client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+        from suite.tracking.experiments import create_run, experiment_id
+
+        exp_id = experiment_id(client, experiment)
         found = client.search_runs(
             [exp_id], filter_string=f"tags.{STUDY_TAG} = '{spec.study}' and tags.{ROLE_TAG} = 'study'",
             max_results=1,
@@ -175,7 +176,7 @@ def ensure_parent_run(study, spec: TuneSpec, tracking_uri: str, experiment: str,
         if found:
             run_id = found[0].info.run_id
         else:
-            run = client.create_run(exp_id, run_name=spec.study, tags={STUDY_TAG: spec.study, ROLE_TAG: "study"})
+            run = create_run(client, experiment, run_name=spec.study, tags={STUDY_TAG: spec.study, ROLE_TAG: "study"})
             run_id = run.info.run_id
             from mlflow.entities import Param
 
@@ -222,7 +223,7 @@ def make_executor(launcher: LauncherSpec, folder: str, job_name: str = "tune"):
     """A submitit executor for the trial jobs: the sweep launcher's (`suite.sweep.launch`:
     submitit's LocalExecutor, or SLURM with a profile from slurm/profiles/). The one place
     that chooses how a trial is launched."""
-    from suite.sweep.launch import make_executor as sweep_executor
+    from suite.sweep.executors import make_executor as sweep_executor
     from suite.sweep.spec import LauncherConfig, Resources, SweepError
 
     try:
@@ -273,7 +274,7 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
     if base.backend.name != "embedded":
         raise TuneSpecError(f"base: backend.name={base.backend.name}: suite tune runs embedded trials "
                             f"(pruning needs the trainer's on_eval hook); allowed: embedded")
-    optuna = _optuna()
+    _optuna()
     from optuna.trial import TrialState
 
     storage_url = resolve_storage(spec.storage)
@@ -314,41 +315,22 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
             out(f"trial {t.number}: left running by an interrupted `suite tune`; resuming it "
                 f"in {trial_dir(spec, t.number)}")
         queue = list(resumed)
-        t0 = last_note = time.perf_counter()
+        t0 = time.perf_counter()
+        from suite.sweep.guard import Driver, job_target
+
+        # a stop signal or an error: the trials' jobs are cancelled and their MLflow runs end KILLED;
+        # the Optuna trials stay RUNNING, so the next `suite tune` resumes them from their checkpoints
+        drv = Driver(tracking_uri, parent, lambda: [job_target(f"trial {n}", j, trial_dir(spec, n))
+                                                    for n, j in sorted(pending.items())], out=out)
         try:
-            while True:
-                for number, job in list(pending.items()):
-                    if job.done():
-                        del pending[number]
-                        _finish(study, number, job, tracking_uri, spec, out)
-                trials = study.get_trials(deepcopy=False)
-                started = sum(t.state != TrialState.WAITING for t in trials)
-                while len(pending) < spec.parallelism and (queue or started < n_target):
-                    if queue:
-                        t = queue.pop(0)
-                        number, trial_id, params = t.number, t._trial_id, _complete_params(study, t, dists)
-                    else:
-                        trial = study.ask(dists)
-                        number, trial_id, params = trial.number, trial._trial_id, trial.params
-                        started += 1
-                    optuna.trial.Trial(study, trial_id).set_user_attr("run_dir", trial_dir(spec, number))
-                    job = submit(number, trial_id, params)
-                    pending[number] = job
-                    out(f"trial {number}: started ({_fmt_params(params)}), job {job.job_id}")
-                if not pending:
-                    break
-                if time.perf_counter() - last_note >= PROGRESS_EVERY_S:
-                    done = sum(t.state.is_finished() for t in trials)
-                    out(f"[{(time.perf_counter() - t0) / 60:.1f} min] {done}/{n_target} trials finished, "
-                        f"running: {', '.join(map(str, sorted(pending)))}")
-                    last_note = time.perf_counter()
-                time.sleep(spec.poll_s)
+            with drv:
+                _drive(study, spec, dists, pending, queue, n_target, submit, drv, tracking_uri, out, t0)
         except KeyboardInterrupt:
-            out(f"interrupted: {len(pending)} trial(s) stay RUNNING in the study; their jobs continue. "
-                f"`suite tune FILE` again resumes them")
+            out("interrupted: the running trials were stopped and stay RUNNING in the study; "
+                "`suite tune FILE` again resumes them from their checkpoints")
             raise
         # submitit's LocalJob.__del__ polls its folder: let finished jobs go before interpreter shutdown.
-        job = executor = None
+        executor = drv = None
         gc.collect()
         summary = _summary(study, spec, storage_url, parent)
         _client(tracking_uri).set_terminated(parent, status="FINISHED")
@@ -361,6 +343,43 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
 
 
 
+def _drive(study, spec: TuneSpec, dists: dict, pending: dict, queue: list, n_target: int, submit, drv,
+           tracking_uri: str, out, t0: float) -> None:
+    """Keep `spec.parallelism` trials running until the study holds `n_target` started trials and
+    every job has been told; `drv.hold()` keeps a stop signal out of a submission."""
+    optuna = _optuna()
+    from optuna.trial import TrialState
+
+    last_note = t0
+    while True:
+        for number, job in list(pending.items()):
+            if job.done():
+                del pending[number]
+                _finish(study, number, job, tracking_uri, spec, out)
+        trials = study.get_trials(deepcopy=False)
+        started = sum(t.state != TrialState.WAITING for t in trials)
+        while len(pending) < spec.parallelism and (queue or started < n_target):
+            if queue:
+                t = queue.pop(0)
+                number, trial_id, params = t.number, t._trial_id, _complete_params(study, t, dists)
+            else:
+                trial = study.ask(dists)
+                number, trial_id, params = trial.number, trial._trial_id, trial.params
+                started += 1
+            optuna.trial.Trial(study, trial_id).set_user_attr("run_dir", trial_dir(spec, number))
+            with drv.hold():
+                job = submit(number, trial_id, params)
+                pending[number] = job
+            out(f"trial {number}: started ({_fmt_params(params)}), job {job.job_id}")
+        if not pending:
+            break
+        if time.perf_counter() - last_note >= PROGRESS_EVERY_S:
+            done = sum(t.state.is_finished() for t in trials)
+            out(f"[{(time.perf_counter() - t0) / 60:.1f} min] {done}/{n_target} trials finished, "
+                f"running: {', '.join(map(str, sorted(pending)))}")
+            last_note = time.perf_counter()
+        time.sleep(spec.poll_s)
+
 
 def _finish(study, number: int, job, tracking_uri: str, spec: TuneSpec, out) -> None:
     """Tell Optuna a finished job's result and mark the trial's MLflow child run."""
@@ -371,7 +390,7 @@ def _finish(study, number: int, job, tracking_uri: str, spec: TuneSpec, out) -> 
     except Exception as exc:  # noqa: BLE001 - a failed trial is recorded, the study goes on
         msg = _error_line(str(exc)) or type(exc).__name__
         study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
-        mlflow_id = _read_run_id(trial_dir(spec, number))
+        mlflow_id = recorded_mlflow_run_id(trial_dir(spec, number))
         _mark_child(tracking_uri, mlflow_id, "FAIL", None)
         out(f"trial {number}: FAILED: {msg[:300]} (log: {job.paths.stderr})")
         return
@@ -430,21 +449,13 @@ def _set_attr(study, number: int, key: str, value) -> None:
         optuna.trial.Trial(study, frozen._trial_id).set_user_attr(key, value)
 
 
-def _read_run_id(run_dir: str) -> str | None:
-    try:
-        with open(os.path.join(run_dir, "mlflow_run.json")) as fh:
-            return json.load(fh).get("run_id")
-    except (OSError, ValueError):
-        return None
-
-
 def _reconcile(study, tracking_uri: str, out) -> None:
     """After a crash between telling Optuna and tagging MLflow: tag finished trials' child runs."""
     from optuna.trial import TrialState
 
     for t in study.get_trials(deepcopy=False):
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
-            rid = t.user_attrs.get("mlflow_run_id") or _read_run_id(t.user_attrs.get("run_dir", ""))
+            rid = t.user_attrs.get("mlflow_run_id") or recorded_mlflow_run_id(t.user_attrs.get("run_dir", ""))
             if not rid:
                 continue
             try:

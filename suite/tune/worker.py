@@ -1,7 +1,9 @@
 """What runs inside a trial's job: one embedded run that reports to the Optuna storage.
 
 `run_trial(payload)` composes the trial's config, makes the run an MLflow child of the
-study's parent run (tags `tune_study`, `trial`), and runs it in the trial's run directory.
+study's parent run (tags `tune_study`, `trial`), and runs it in the trial's run directory
+through `suite.cell.run_cell` (as `suite run` and sweep cells do: a trial that raises ends its
+MLflow run FAILED with the error as a tag).
 After every held-out evaluation it reports the accuracy to the study's storage
 (`trial.report`) and asks the study's pruner (`trial.should_prune`); a pruned run stops there
 (the trainer's `on_eval` hook) and says so. The driver, not the job, tells Optuna the result.
@@ -19,7 +21,8 @@ import math
 import os
 import time
 
-LOCK_FILE = ".trial.lock"
+from suite.sweep.job import ResumableJob
+from suite.tracking.rundir import METRICS_FILE, TRIAL_LOCK_FILE
 
 
 def last_metric(run_dir: str, key: str) -> tuple[float | None, int | None]:
@@ -27,7 +30,7 @@ def last_metric(run_dir: str, key: str) -> tuple[float | None, int | None]:
     from suite.tracking.loggers import read_jsonl
 
     value = step = None
-    for entry in read_jsonl(os.path.join(run_dir, "metrics.jsonl")):
+    for entry in read_jsonl(os.path.join(run_dir, METRICS_FILE)):
         if key in entry["metrics"]:
             value, step = float(entry["metrics"][key]), int(entry["step"])
     return value, step
@@ -49,22 +52,16 @@ def run_trial(payload: dict) -> dict:
     (Hydra), run_dir (absolute), parent_run_id, tags, metric (objective key).
     """
     import optuna
-    from omegaconf import open_dict
 
-    from suite.config import compose_config
-    from suite.embedded.trainer import EmbeddedRun
+    from suite.cell import compose_cell, run_cell
     from suite.tune.spec import PrunerSpec
     from suite.tune.study import build_pruner
 
     n = payload["number"]
-    cfg = compose_config(list(payload["overrides"]))
-    cfg.tracking.parent_run_id = payload["parent_run_id"]
-    with open_dict(cfg.tracking.tags):  # tags are not part of the run id; new keys need an open node
-        for k, v in payload["tags"].items():
-            cfg.tracking.tags[k] = str(v)
+    cfg = compose_cell(payload["overrides"], parent_run_id=payload["parent_run_id"], tags=payload["tags"])
     run_dir = payload["run_dir"]
     os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, LOCK_FILE), "w") as lock:
+    with open(os.path.join(run_dir, TRIAL_LOCK_FILE), "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -90,42 +87,25 @@ def run_trial(payload: dict) -> dict:
             return False
 
         print(f"trial {n}: {' '.join(payload['param_overrides'])} in {run_dir} (pid {os.getpid()})", flush=True)
-        summary = EmbeddedRun(cfg, run_dir, progress=False, on_eval=on_eval).run()
+        summary = run_cell(cfg, run_dir, on_eval=on_eval)
     value, step = last_metric(run_dir, payload["metric"])
     if value is not None and not math.isfinite(value):
         value = None
     return {
         "number": n,
-        "pruned": bool(summary.get("pruned", False)),
+        "pruned": summary.pruned,
         "value": value,
         "step": step,
-        "mlflow_run_id": summary.get("mlflow_run_id"),
+        "mlflow_run_id": summary.mlflow_run_id,
         "run_dir": run_dir,
-        "final_acc": summary.get("final_acc"),
+        "final_acc": summary.final_acc,
     }
 
 
-class TrialJob:
-    """`run_trial` as a submitit job that SLURM may preempt or time out: submitit calls
-    `checkpoint()`, which resubmits the same trial; the requeued job resumes from the run's
-    last checkpoint (the run directory is the state) under the same job id."""
-
-    def __call__(self, payload: dict) -> dict:
-        return run_trial(payload)
-
-    def checkpoint(self, payload: dict):
-        from submitit.helpers import DelayedSubmission
-
-        print(f"trial {payload['number']}: preempted or timed out; requeueing (resumes from the last checkpoint)",
-              flush=True)
-        return DelayedSubmission(self, payload)
+def _trial_label(payload: dict) -> str:
+    return f"trial {payload['number']}"
 
 
-from submitit.helpers import Checkpointable as _Checkpointable  # noqa: E402
-
-
-class CheckpointableTrialJob(TrialJob, _Checkpointable):
-    """`TrialJob` marked checkpointable for submitit (its `checkpoint` overrides the default)."""
-
-
-trial_job = CheckpointableTrialJob()
+# `run_trial` as a submitit job that SLURM may preempt or time out: the requeued job resumes
+# the trial from the run's last checkpoint (the run directory is the state) under the same job id.
+trial_job = ResumableJob(run_trial, _trial_label)

@@ -9,7 +9,10 @@ no second implementation. Architectures whose mapping is not known are refused. 
 writes into its input: OUT_DIR must differ from IN_DIR and be absent or empty; it is written
 under a temporary name and renamed when complete. After ``apply`` the first
 ``verify_layers`` blocks of both checkpoints are run on a few tokens (float32, CPU) and the
-logits compared; ``uaq.json`` in OUT_DIR records s, the mapping and the source.
+logits compared; ``uaq.json`` in OUT_DIR records what was done: op, s, architecture, mapping,
+the source directory and the SHA-256 of its shards and of the shards written. ``undo`` reads it
+back and refuses a checkpoint it does not describe (no record, another s, another mapping),
+and writes ``uaq_undone.json`` (no ``uaq.json``: the result is an ordinary checkpoint again).
 
 Memory: all tensors are loaded on CPU at once (a 7B bf16 model needs ~15 GB).
 """
@@ -30,6 +33,7 @@ from suite.core.uaq import apply_uaq, undo_uaq
 # Hugging Face architecture -> suite.core.uaq mapping name
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 MARKER = "uaq.json"
+UNDONE = "uaq_undone.json"  # what undo wrote; a checkpoint with it is an ordinary one again
 
 
 class UAQError(ValueError):
@@ -120,6 +124,8 @@ def transform(in_dir: str | os.PathLike, out_dir: str | os.PathLike, s: float, *
         raise UAQError(f"{in_dir} is already UAQ-transformed (s={prior['s']}, {MARKER}); undo it first")
     if undo and prior is not None and float(prior["s"]) != float(s):
         raise UAQError(f"{in_dir} was transformed with s={prior['s']} ({MARKER}), not s={s}")
+    if undo and prior is not None:
+        _check_record(marker, prior, arch, mapping)
 
     shards = _shards(in_dir)
     tensors: dict[str, torch.Tensor] = {}
@@ -143,15 +149,20 @@ def transform(in_dir: str | os.PathLike, out_dir: str | os.PathLike, s: float, *
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         for item in in_dir.iterdir():
-            if item.suffix == ".safetensors" or item.name == MARKER:
+            if item.suffix == ".safetensors" or item.name in (MARKER, UNDONE):
                 continue
             (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
         for shard in shards:
             part = {k: tensors[k].contiguous() for k in tensors if owner[k] == shard}
             save_file(part, str(tmp / shard.name), metadata=metadata[shard])
         report = {"op": "undo" if undo else "apply", "s": float(s), "architecture": arch, "mapping": mapping,
-                  "source": str(in_dir.resolve()), "tensors_rescaled": n_scaled}
-        if not undo:
+                  "source": str(in_dir.resolve()), "tensors_rescaled": n_scaled,
+                  "source_sha256": shards_digest(shards), "shards_sha256": shards_digest(sorted(tmp.glob("*.safetensors")))}
+        if undo:
+            if prior.get("shards_sha256") not in (None, report["source_sha256"]):
+                log(f"uaq undo: the shards changed since apply wrote them (e.g. trained); undoing s={s:g}")
+            (tmp / UNDONE).write_text(json.dumps({**report, "applied": prior}, indent=2) + "\n")
+        else:
             report.update(verify_invariance(in_dir, tmp, layers=verify_layers, n_tokens=verify_tokens))
             log(f"uaq verify: max relative logit difference {report['max_rel_logit_diff']:.2e} "
                 f"over {report['verify_layers']} blocks, {verify_tokens} tokens (tolerance {report['tolerance']:.1e})")
@@ -163,6 +174,28 @@ def transform(in_dir: str | os.PathLike, out_dir: str | os.PathLike, s: float, *
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return report
+
+
+def shards_digest(shards: list[Path]) -> str:
+    """SHA-256 over the shards' names and bytes, in name order: which weights a record is about."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for shard in sorted(shards, key=lambda p: p.name):
+        h.update(shard.name.encode() + b"\0")
+        with open(shard, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_record(marker: Path, prior: dict, arch: str, mapping: str) -> None:
+    """An undo is the inverse of the apply the record describes, or it is refused."""
+    if prior.get("op", "apply") != "apply":
+        raise UAQError(f"{marker}: op={prior.get('op')!r}: not a record `suite uaq apply` wrote (op must be 'apply')")
+    if prior.get("mapping", mapping) != mapping:
+        raise UAQError(f"{marker}: recorded mapping {prior['mapping']!r}, but config.json says {arch} "
+                       f"(mapping {mapping!r}): undo would rescale other tensors than apply did")
 
 
 def _truncated_model(model_dir: Path, layers: int):

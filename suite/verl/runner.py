@@ -1,4 +1,5 @@
-"""Run one suite config with verl: ``run(cfg, run_dir) -> summary`` (the EmbeddedRun.run contract).
+"""Run one suite config with verl: ``run(cfg, run_dir) -> summary`` (the record written to
+``run_dir/summary.json``; suite.verl.backend makes it the backend contract's ``RunSummary``).
 
 Inside a SLURM allocation of ``backend.nnodes`` nodes, the runner is started once per node
 (submitit: one task per node, the sweep's ``cluster=h100x8x4`` profile). Node 0 starts the Ray
@@ -28,10 +29,11 @@ from typing import Callable, Mapping
 
 from omegaconf import DictConfig
 
+from suite.tracking.lock import run_lock
+from suite.tracking.rundir import RUN_FILE, SUMMARY_FILE
+from suite.tracking.rundir import VERL_LOG_FILE as LOG_FILE
 from suite.verl.translate import loss_env, uaq_model_dir, verl_command
 
-SUMMARY_FILE = "summary.json"
-LOG_FILE = "verl.log"
 JOIN_TIMEOUT_S = 600  # how long the head waits for all Ray workers to join (s)
 SUMMARY_WAIT_S = 900  # how long a worker node waits for the head's summary.json after Ray stops (s)
 
@@ -171,16 +173,13 @@ def _prepare_model(cfg: DictConfig, log=print) -> str:
 
 
 def _mlflow_run(cfg: DictConfig, run_dir: str) -> str:
-    from suite.config import axes, identity_tags, run_id
-    from suite.tracking.loggers import MlflowLogger
+    from suite.cell import open_mlflow_run
+    from suite.config import run_id
 
-    t = cfg.tracking
-    tags = {**axes(cfg), **identity_tags(cfg), **{str(k): str(v) for k, v in t.tags.items()}, "run_id": run_id(cfg)}
-    logger = MlflowLogger.for_run_dir(run_dir, t.tracking_uri, t.experiment, t.run_name or run_id(cfg),
-                                      tags=tags, parent_run_id=t.parent_run_id or None, catch_up=False)
+    logger = open_mlflow_run(cfg, run_dir, run_name=run_id(cfg), catch_up=False)
     rid = logger.run_id  # created (or resumed) by the constructor; verl attaches and ends it
     if not rid:
-        raise RuntimeError(f"could not create the MLflow run at {t.tracking_uri}")
+        raise RuntimeError(f"could not create the MLflow run at {cfg.tracking.tracking_uri}")
     return rid
 
 
@@ -211,7 +210,7 @@ def read_summary(tracking_uri: str, mlflow_run_id: str) -> dict:
 def _wait_for_run_id(run_dir: str, timeout_s: float = JOIN_TIMEOUT_S) -> str:
     """The MLflow run id node 0 records in run_dir/mlflow_run.json (Ray workers must inherit it:
     verl's logger starts a new run when MLFLOW_RUN_ID is empty)."""
-    path = os.path.join(run_dir, "mlflow_run.json")
+    path = os.path.join(run_dir, RUN_FILE)
     deadline = time.time() + timeout_s
     while True:
         if os.path.isfile(path):
@@ -262,7 +261,19 @@ def run(cfg: DictConfig, run_dir: str, *, env: Mapping[str, str] | None = None,
             time.sleep(10)
         with open(summary_path) as fh:
             return {**json.load(fh), "already_finished": False}
+    # Node 0 writes the run dir (MLflow run, scripts, verl's checkpoints, summary): one writer per
+    # run id, the embedded runs' lock, so a second `suite run` of this id exits naming the holder.
+    with run_lock(run_dir):
+        return _run_head(cfg, run_dir, alloc, env, execute, script, log_path)
 
+
+def _run_head(cfg: DictConfig, run_dir: str, alloc: Allocation, env: Mapping[str, str],
+              execute: Callable[[list[str], str, Mapping[str, str]], int], script: str, log_path: str) -> dict:
+    summary_path = os.path.join(run_dir, SUMMARY_FILE)
+    if os.path.isfile(summary_path):  # a holder finished it between run()'s check and the lock
+        with open(summary_path) as fh:
+            return {**json.load(fh), "already_finished": True}
+    nnodes = int(cfg.backend.nnodes)
     _prepare_model(cfg)
     rid = _mlflow_run(cfg, run_dir)
     if nnodes > 1:

@@ -36,7 +36,7 @@ from suite.embedded.tokenizer import CHARS, CharTokenizer
 
 ALL_LEVELS = [("arith", d) for d in ARITH_LEVELS] + [("word", d) for d in WORD_LEVELS]
 STEP_RE = re.compile(r"([0-9]+)([-+*/])([0-9]+)=([0-9]+)")
-DEFAULT_MAX_NEW_TOKENS = 32  # the default RL run's generation budget (issue 3)
+DEFAULT_MAX_NEW_TOKENS = 32  # the default RL run's generation budget (rollout.max_new_tokens in suite.config)
 seeds = st.integers(min_value=0, max_value=2**32 - 1)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-# The tiny, fast cell of every launch test (tests/README of issue 4): a few steps, no warm start.
+# The tiny, fast cell of every launch test: a few steps, no warm start, so a launch test costs seconds.
 TINY = [
     "model=tiny", "steps=4", "eval_every=2", "ckpt_every=2", "task.n_eval=16", "rollout.prompts_per_step=2",
     "algo.group_size=4", "rollout.max_new_tokens=16", "warm_start.steps=0", "threads=1",

@@ -81,7 +81,7 @@ def test_fast_composer_equals_compose_config(tmp_path, sweep_env):
 
 def _sweep_files() -> list[str]:
     files = sorted(glob.glob(str(REPO / "experiments" / "*.yaml")))
-    # tune files (suite tune, issue 8) have a `study:` key and their own format
+    # tune files (suite tune, docs/tuning.md) have a `study:` key and their own format
     return [f for f in files if "study" not in (yaml.safe_load(open(f)) or {})]
 
 

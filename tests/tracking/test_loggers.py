@@ -332,7 +332,7 @@ def test_resume_after_kill_neither_duplicates_nor_loses_steps(tmp_path, mlflow_s
 def test_resume_behind_the_sync_marker_does_not_resend(tmp_path, mlflow_server_uri, caplog):
     """Flushed through step 5 but the newest checkpoint is step 3: steps 4-5 are recomputed
     after the restart and must not reach MLflow a second time."""
-    caplog.set_level(logging.INFO, logger="suite.tracking.loggers")
+    caplog.set_level(logging.INFO, logger="suite.tracking.mlflow_logger")
     run_dir = tmp_path / "run"
     lg = MultiLogger([JsonlLogger(run_dir), MlflowLogger.for_run_dir(run_dir, mlflow_server_uri, "behind-exp")])
     for s in range(6):

@@ -116,6 +116,32 @@ def test_run_failure_names_the_log(verl_cfg, tmp_path):
         run(cfg, str(tmp_path / "r"), env={}, execute=lambda *a: 3)
 
 
+def test_a_failed_verl_run_from_suite_run_ends_its_mlflow_run_failed(tiny_qwen2, tmp_path, monkeypatch):
+    """`suite run backend=verl` whose main_ppo fails: the run's MLflow run (created before the
+    launch, which verl would have ended) is ended FAILED with the error as a tag, as an embedded
+    run's is (suite.cell.run_cell), not left RUNNING."""
+    import functools
+
+    from mlflow.tracking import MlflowClient
+
+    import suite.verl.runner as runner
+    from suite.cli import main
+    from suite.config import run_id
+
+    db = tmp_path / "mlflow.db"
+    overrides = ["backend=verl", f"backend.model_path={tiny_qwen2}", f"backend.train_files={tmp_path / 't.parquet'}",
+                 f"backend.val_files={tmp_path / 'v.parquet'}", f"out_dir={tmp_path / 'runs'}",
+                 f"tracking.tracking_uri=sqlite:///{db}", "quant=bf16", "uaq.s=1.0"]
+    monkeypatch.setattr(runner, "run", functools.partial(runner.run, env={}, execute=lambda *a: 3))
+    with pytest.raises(RuntimeError, match="verl exited with status 3"):
+        main(["run", "--no-progress", *overrides])
+    client = MlflowClient(f"sqlite:///{db}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1
+    assert runs[0].info.status == "FAILED" and "verl exited with status 3" in runs[0].data.tags["error"]
+    assert runs[0].data.tags["run_id"] == run_id(compose_config(overrides))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where no GPU is present")
 def test_int8_hook_without_gpu_is_a_clear_error():
     from suite.core.quant import QuantScheme

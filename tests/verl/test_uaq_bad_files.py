@@ -51,3 +51,42 @@ def test_a_corrupt_record_or_another_scale_is_refused(model_copy, tmp_path, caps
     (model_copy / "uaq.json").write_text(json.dumps({"op": "apply", "s": 2.0}))
     code, err = _uaq(capsys, "undo", "--s", "1.5", str(model_copy), str(tmp_path / "out"))
     assert code == 2 and "s=2.0" in err
+
+
+def _sha256_of_shards(d):
+    import hashlib
+
+    h = hashlib.sha256()
+    for shard in sorted(d.glob("*.safetensors"), key=lambda p: p.name):
+        h.update(shard.name.encode() + b"\0" + shard.read_bytes())
+    return h.hexdigest()
+
+
+def test_apply_records_what_it_did_and_undo_checks_it(model_copy, tmp_path, capsys):
+    out, back = tmp_path / "uaq", tmp_path / "back"
+    code, err = _uaq(capsys, "apply", "--s", "1.5", "--verify-layers", "1", str(model_copy), str(out))
+    assert code == 0, err
+    rec = json.loads((out / "uaq.json").read_text())
+    assert (rec["op"], rec["s"], rec["mapping"], rec["architecture"]) == ("apply", 1.5, "qwen2", "Qwen2ForCausalLM")
+    assert rec["source"] == str(model_copy.resolve())
+    assert rec["source_sha256"] == _sha256_of_shards(model_copy) and rec["shards_sha256"] == _sha256_of_shards(out)
+    assert rec["source_sha256"] != rec["shards_sha256"]  # the weights did change
+
+    code, err = _uaq(capsys, "undo", "--s", "1.5", str(out), str(back))
+    assert code == 0, err
+    assert not (back / "uaq.json").exists()  # an ordinary checkpoint again: a second undo is refused
+    done = json.loads((back / "uaq_undone.json").read_text())
+    assert done["op"] == "undo" and done["applied"] == rec and done["source_sha256"] == rec["shards_sha256"]
+    code, err = _uaq(capsys, "undo", "--s", "1.5", str(back), str(tmp_path / "twice"))
+    assert code == 2 and "nothing to undo" in err and not (tmp_path / "twice").exists()
+
+
+def test_undo_refuses_a_record_of_another_mapping_or_op(model_copy, tmp_path, capsys):
+    marker = model_copy / "uaq.json"
+    marker.write_text(json.dumps({"op": "apply", "s": 1.5, "mapping": "llama"}))
+    code, err = _uaq(capsys, "undo", "--s", "1.5", str(model_copy), str(tmp_path / "out"))
+    assert code == 2 and f"{marker}: recorded mapping 'llama'" in err and "qwen2" in err
+    marker.write_text(json.dumps({"op": "undo", "s": 1.5, "mapping": "qwen2"}))
+    code, err = _uaq(capsys, "undo", "--s", "1.5", str(model_copy), str(tmp_path / "out"))
+    assert code == 2 and f"{marker}: op='undo'" in err
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,80 @@
+"""The backend contract: `run(cfg, run_dir, on_eval) -> RunSummary`, resolved by name.
+
+A backend trains one composed run config in its run directory (suite.tracking.rundir) and
+returns a `RunSummary`; a finished run directory returns its summary at once
+(`already_finished`), an unfinished one resumes from its last checkpoint. `suite run`, sweep
+cells and tuning trials reach a backend only through `suite.cell.run_cell`, which records the
+MLflow outcome. The shape follows torchtune's recipe interface (a small Protocol, no
+implementation inheritance; https://github.com/pytorch/torchtune/blob/v0.6.1/torchtune/recipe_interfaces.py).
+
+Backends are imported when resolved, never at start-up: the verl backend pulls in nothing
+heavy itself, but the embedded one imports torch and the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from omegaconf import DictConfig
+
+OnEval = Callable[[int, float], bool]
+"""on_eval(step, held-out accuracy) -> True to stop the run there (pruned); after each evaluation."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """What a finished (or pruned) run reports, the same fields for every backend.
+
+    The run directory's summary.json keeps each backend's own record (its keys are read back
+    with `from_record`); this is the in-memory contract between backends and their callers.
+    """
+
+    run_id: str  # suite run id (suite.config.run_id): the run dir's name
+    run_dir: str
+    steps: int  # RL steps of the run (verl: the last evaluated step)
+    baseline_acc: float  # held-out accuracy before RL (step 0)
+    final_acc: float  # held-out accuracy at the last evaluation
+    delta_acc: float  # final_acc - baseline_acc
+    mlflow_run_id: str | None  # None: MLflow never accepted the run (metrics.jsonl has it all)
+    tracking_uri: str
+    pruned: bool = False  # stopped early by on_eval (the MLflow run ended KILLED)
+    already_finished: bool = False  # summary.json was there: nothing ran in this call
+    wall_s_this_session: float | None = None  # seconds this call trained (None: not measured)
+    metric_keys: list[str] = dataclasses.field(default_factory=list)  # held-out metrics averaged (verl)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], **fill: Any) -> RunSummary:
+        """A summary from a summary.json record; `fill` gives fields the record lacks."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {**fill, **{k: v for k, v in record.items() if k in names}}
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Backend(Protocol):
+    """Train `cfg` in `run_dir` (resuming it, or returning at once when it finished)."""
+
+    def __call__(self, cfg: DictConfig, run_dir: str, on_eval: OnEval | None = None, *,
+                 progress: bool = False) -> RunSummary: ...
+
+
+# name -> "module:function"; config.BACKENDS lists the same names for validation.
+BACKENDS: dict[str, str] = {
+    "embedded": "suite.embedded.backend:run",
+    "verl": "suite.verl.backend:run",
+}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called `name` (`backend.name` of a run config)."""
+    try:
+        target = BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"backend.name={name!r} has no runner; allowed: {', '.join(BACKENDS)}") from None
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)

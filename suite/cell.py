@@ -1,0 +1,135 @@
+"""Run one cell and record its outcome: the one path from a composed config to a backend, for
+`suite run`, sweep cells (suite.sweep.job) and tuning trials (suite.tune.worker) alike.
+
+`run_cell(cfg, run_dir)` resolves `cfg.backend.name` (suite.backend), runs it, and when it
+raises ends the cell's MLflow run FAILED with the error as a tag (creating the run if the
+backend failed before it did), so no run stays RUNNING forever. The backend itself ends a
+run FINISHED, or KILLED when `on_eval` pruned it. A run that was refused before it started is
+not a failure of that run and is re-raised untouched:
+
+- `RunLockedError`: another process writes this run dir; its MLflow run is its own.
+- `HardwareError` (this machine cannot run the recorded numerics) and `CorruptMetricsError`
+  (metrics.jsonl holds lines a resume would delete): refused before a run dir or MLflow run
+  exists for `suite run`, which exits 2. A sweep cell (`sweep_cell=True`) records them as a
+  failed cell instead, so the sweep's parent run and `suite status` show why it did not run.
+
+The MLflow run of a cell carries the run's axes, its identity tags, `tracking.tags` (sweep and
+trial tags), the run id and the parent run; `open_mlflow_run` is the one place that builds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+
+from omegaconf import DictConfig
+
+from suite.backend import OnEval, RunSummary, get_backend
+from suite.tracking import rundir
+
+
+def run_tags(cfg: DictConfig, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The tags a cell's MLflow run is created with."""
+    from suite.config import axes, identity_tags, run_id
+
+    return {**axes(cfg), **identity_tags(cfg), **dict(cfg.tracking.tags), **dict(extra or {}), "run_id": run_id(cfg)}
+
+
+def open_mlflow_run(cfg: DictConfig, run_dir: str, *, tags: Mapping[str, str] | None = None,
+                    run_name: str | None = None, catch_up: bool = True):
+    """The `MlflowLogger` of the cell in `run_dir`: the run recorded there, else a new child of
+    `tracking.parent_run_id` tagged with `run_tags(cfg, tags)`, named `tracking.run_name`, else
+    `run_name`, else the run dir's name. See `MlflowLogger.for_run_dir` for `catch_up`."""
+    from suite.tracking.loggers import MlflowLogger
+
+    t = cfg.tracking
+    return MlflowLogger.for_run_dir(
+        run_dir, t.tracking_uri, t.experiment, t.run_name or run_name or os.path.basename(run_dir),
+        tags=run_tags(cfg, tags), parent_run_id=t.parent_run_id or None, catch_up=catch_up,
+    )
+
+
+def error_line(tb: str) -> str:
+    """The first line of an error, from a traceback: its last 'ExcType: message' line."""
+    lines = [ln for ln in tb.strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if not ln.startswith((" ", "\t")) and not ln.startswith("Traceback") and not ln.startswith("During handling"):
+            return ln.strip()[:500]
+    return (lines[-1].strip() if lines else "unknown error")[:500]
+
+
+def mark_failed(cfg: DictConfig, run_dir: str, message: str) -> None:
+    """End the cell's MLflow run FAILED (creating it if the run failed before the backend did),
+    with the error as a tag; the run dir's record keeps a retry on the same MLflow run."""
+    logger = open_mlflow_run(cfg, run_dir, catch_up=False)
+    logger.set_tags({"error": message[:490]})
+    logger.close("FAILED")
+
+
+def write_error(run_dir: str, tb: str) -> None:
+    """Record a sweep cell's error in `run_dir/sweep_error.json` (its first line is what
+    `suite status` shows for a job that left no result)."""
+    from suite.tracking.atomic import atomic_write
+
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        payload = json.dumps({"error": error_line(tb), "traceback": tb, "time": time.time()}, indent=2)
+        atomic_write(rundir.path(run_dir, rundir.ERROR_FILE), lambda fh: fh.write(payload.encode()))
+    except OSError:
+        pass  # an unwritable run dir: submitit's result pickle still has the traceback
+
+
+def compose_cell(overrides: list[str], *, parent_run_id: str | None = None, tags: Mapping[str, object] | None = None,
+                 tracking_uri: str | None = None) -> DictConfig:
+    """The config of a launcher job's cell: its overrides composed (they travel pickled in
+    submitit's job file, never through a shell), made an MLflow child of `parent_run_id` with
+    `tags` (not part of the run id), on `tracking_uri` when given."""
+    from omegaconf import open_dict
+
+    from suite.config import compose_config
+
+    cfg = compose_config(list(overrides))
+    if tracking_uri:
+        cfg.tracking.tracking_uri = tracking_uri
+    cfg.tracking.parent_run_id = parent_run_id or ""
+    with open_dict(cfg.tracking.tags):  # a Dict[str, str] field: closed in struct mode
+        for k, v in (tags or {}).items():
+            cfg.tracking.tags[str(k)] = str(v)
+    if cfg.threads == 0 and os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        # the allocation, not the node: torch would otherwise use every core it sees
+        cfg.threads = int(os.environ["SLURM_CPUS_PER_TASK"])
+    return cfg
+
+
+def run_cell(cfg: DictConfig, run_dir: str, *, on_eval: OnEval | None = None, progress: bool = False,
+             sweep_cell: bool = False) -> RunSummary:
+    """Run `cfg` with its backend in `run_dir` and record a failure in MLflow (module docstring).
+    With `sweep_cell`, the error is also written to `run_dir/sweep_error.json` and a refusal
+    counts as a failure."""
+    from suite.hardware import HardwareError
+    from suite.tracking.lock import RunLockedError
+    from suite.tracking.loggers import CorruptMetricsError
+
+    backend = get_backend(cfg.backend.name)
+    if sweep_cell:
+        err_path = rundir.path(run_dir, rundir.ERROR_FILE)
+        if os.path.exists(err_path):
+            os.remove(err_path)  # a retry: the old error no longer describes this attempt
+    refused = (RunLockedError,) if sweep_cell else (RunLockedError, HardwareError, CorruptMetricsError)
+    try:
+        return backend(cfg, run_dir, on_eval, progress=progress)
+    except refused:
+        raise
+    except Exception:
+        tb = traceback.format_exc()
+        if sweep_cell:
+            write_error(run_dir, tb)
+        try:
+            mark_failed(cfg, run_dir, error_line(tb))
+        except Exception as mexc:  # noqa: BLE001 - e.g. the server is down: never hide the run's own error
+            print(f"suite: could not mark the MLflow run FAILED: {mexc}", file=sys.stderr)
+        raise

@@ -1,0 +1,14 @@
+"""The embedded backend as a `suite.backend.Backend`: `EmbeddedRun` in a run directory."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from suite.backend import OnEval, RunSummary
+
+
+def run(cfg: DictConfig, run_dir: str, on_eval: OnEval | None = None, *, progress: bool = False) -> RunSummary:
+    """Train `cfg` with the embedded trainer in `run_dir` (resume, or the finished summary)."""
+    from suite.embedded.trainer import EmbeddedRun
+
+    return RunSummary.from_record(EmbeddedRun(cfg, run_dir, progress=progress, on_eval=on_eval).run())

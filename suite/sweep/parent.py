@@ -1,0 +1,81 @@
+"""The sweep's MLflow parent run: found in (or recorded to) the state dir's parent_run.json,
+its artifacts (the sweep file and matrix) and params, and its status."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from suite.sweep.spec import Sweep
+from suite.sweep.state_files import read_parent
+from suite.sweep.states import PARENT_FILE
+
+# --------------------------------------------------------------------------- MLflow parent
+
+
+def parent_run(sweep: Sweep, *, create: bool = True) -> Optional[str]:
+    """The sweep's MLflow parent run id: the one recorded in the state dir (same store),
+    else a new run (name = sweep name, tag suite.kind=sweep) when `create`."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from suite.tracking.loggers import atomic_write_text, resolve_tracking_uri
+
+    uri = resolve_tracking_uri(sweep.tracking_uri)
+    path = Path(sweep.state_dir) / PARENT_FILE
+    client = MlflowClient(tracking_uri=uri)
+    info = read_parent(path)
+    if info is not None:
+        if info.get("tracking_uri") == uri:
+            try:
+                client.get_run(info["run_id"])
+                return info["run_id"]
+            except MlflowException:
+                pass  # deleted: make a new one
+    if not create:
+        return None
+    from suite.tracking.experiments import create_run
+
+    run = create_run(client, sweep.experiment, run_name=sweep.name, tags={
+        "suite.kind": "sweep", "sweep": sweep.name, "sweep_file": sweep.path,
+        "mlflow.note.content": sweep.description or f"sweep {sweep.name} ({len(sweep.cells)} cells)"})
+    atomic_write_text(path, json.dumps({"run_id": run.info.run_id, "tracking_uri": uri,
+                                        "experiment": sweep.experiment}, indent=2))
+    return run.info.run_id
+
+
+def log_parent_artifacts(sweep: Sweep, run_id: str) -> None:
+    from mlflow.entities import Param
+    from mlflow.tracking import MlflowClient
+
+    from suite.tracking.loggers import resolve_tracking_uri
+
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(sweep.tracking_uri))
+    d = Path(sweep.state_dir)
+    for name in ("sweep.yaml", "matrix.json", "matrix.csv"):
+        client.log_artifact(run_id, str(d / name))
+    have = client.get_run(run_id).data.params
+    params = {"n_cells": str(len(sweep.cells)), "launcher": sweep.launcher.name,
+              "axes": ",".join(sweep.axis_keys)[:500]}
+    fresh = [Param(k, v) for k, v in params.items() if k not in have]
+    if fresh:
+        client.log_batch(run_id, params=fresh)
+    if sweep.cli_overrides:
+        client.set_tag(run_id, "cli_overrides", " ".join(sweep.cli_overrides)[:5000])
+
+
+def set_parent_status(sweep: Sweep, status: str) -> None:
+    """RUNNING, FINISHED, FAILED or KILLED (no-op without a parent)."""
+    from mlflow.tracking import MlflowClient
+
+    from suite.tracking.loggers import resolve_tracking_uri
+
+    rid = parent_run(sweep, create=False)
+    if rid is None:
+        return
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(sweep.tracking_uri))
+    if status == "RUNNING":
+        client.update_run(rid, status="RUNNING")
+    else:
+        client.set_terminated(rid, status=status)

@@ -1,0 +1,216 @@
+"""The sweep state directory's records and the state of every cell.
+
+State directory (`Sweep.state_dir` = `<out_dir>/_sweeps/<name>/`):
+
+    sweep.yaml          the sweep file as last launched
+    matrix.json/.csv    the expanded matrix (also artifacts of the MLflow parent run)
+    parent_run.json     the MLflow parent run (reused by every re-run of the sweep)
+    jobs.jsonl          one line per submission or cancellation: cell, run id, job id
+    submitit/           submitit's pickles and logs (`<job>_0_log.out/.err`)
+
+A cell's state is derived from its run directory first (summary.json = done) and then from
+its latest job (submitit's result pickle, `sacct` for SLURM, the controller PID locally).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from suite.sweep.spec import Cell, Sweep
+from suite.sweep.state_files import append_job, read_jobs
+from suite.tracking.rundir import is_finished
+
+JOBS_FILE = "jobs.jsonl"
+PARENT_FILE = "parent_run.json"
+SUBMITIT_DIR = "submitit"
+
+# SLURM job states (sacct) -> cell states
+_SLURM_PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED", "PREEMPTED"}
+_SLURM_RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "RESIZING", "SIGNALING"}
+_SLURM_FAILED = {"FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "COMPLETED"}
+STATES = ("done", "running", "pending", "failed", "cancelled", "interrupted", "missing")
+
+
+# --------------------------------------------------------------------------- state dir
+
+
+def _append_json(path: Path, obj: dict) -> None:
+    append_job(path, obj)
+
+
+def read_records(state_dir: str | os.PathLike) -> list[dict]:
+    return read_jobs(Path(state_dir) / JOBS_FILE)  # a damaged file raises StateFileError naming it
+
+
+def latest_records(sweep: Sweep) -> dict[int, dict]:
+    """The latest job record of each cell (matching its current run id)."""
+    by_cell: dict[int, dict] = {}
+    ids = {c.index: c.run_id for c in sweep.cells}
+    for rec in read_records(sweep.state_dir):
+        if ids.get(rec.get("cell")) == rec.get("run_id"):
+            by_cell[rec["cell"]] = rec
+    return by_cell
+
+
+def write_state_files(sweep: Sweep) -> Path:
+    from suite.tracking.loggers import atomic_write_text
+
+    d = Path(sweep.state_dir)
+    (d / SUBMITIT_DIR).mkdir(parents=True, exist_ok=True)
+    atomic_write_text(d / "sweep.yaml", sweep.text)
+    atomic_write_text(d / "matrix.json", sweep.matrix_json())
+    atomic_write_text(d / "matrix.csv", sweep.matrix_csv())
+    return d
+
+
+# --------------------------------------------------------------------------- cell states
+
+
+@dataclass
+class CellState:
+    cell: Cell
+    state: str  # one of STATES
+    job_id: str = ""
+    error: str = ""  # first line of the error (failed)
+    step: int = -1  # last checkpointed step (-1: none)
+
+    def line(self) -> str:
+        extra = f"  {self.error}" if self.error else ""
+        step = f"step {self.step}/{self.cell.cfg.steps}" if self.step >= 0 else ""
+        return f"{self.cell.index:>4}  {self.state:<11} {self.job_id:<12} {step:<12} {self.cell.run_id}{extra}"
+
+
+def _last_step(run_dir: str) -> int:
+    from suite.tracking.checkpoint import list_checkpoints
+
+    ck = list_checkpoints(run_dir)
+    return ck[-1][0] if ck else -1
+
+
+def _result(folder: Path, job_id: str) -> tuple[str, object] | None:
+    from submitit.core.utils import JobPaths, pickle_load
+
+    p = JobPaths(folder, job_id=job_id, task_id=0).result_pickle
+    if not p.exists():
+        return None
+    try:
+        return pickle_load(p)
+    except Exception:  # noqa: BLE001 - being written
+        return None
+
+
+def _pid_alive(pid: int, folder: Path) -> bool:
+    """Whether `pid` is a live (not zombie) submitit local controller of this sweep."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            if fh.read().split(")")[-1].split()[0] == "Z":
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmd = fh.read().decode(errors="replace")
+    except OSError:
+        return False
+    return "submitit.local._local" in cmd and str(folder) in cmd
+
+
+def _sacct(job_ids: list[str]) -> dict[str, str]:
+    """job id (`123_4`) -> first word of its SLURM state, from one sacct call."""
+    if not job_ids:
+        return {}
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    mains = sorted({j.split("_")[0] for j in job_ids})
+    cmd = ["sacct", "-o", "JobID,State", "--parsable2"]
+    for m in mains:
+        cmd += ["-j", m]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"suite: sacct failed ({exc}); SLURM states unknown", file=sys.stderr)
+        return {}
+    info = SlurmInfoWatcher().read_info(out)
+    return {j: (info[j].get("State") or "UNKNOWN").split()[0] for j in job_ids if j in info}
+
+
+def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
+    """The state of every cell (see module docstring). `live_jobs` maps cell index -> the
+    submitit job object of a local job started by this process (to reap it)."""
+    from suite.cell import error_line
+    from suite.tracking.rundir import ERROR_FILE
+
+    recs = latest_records(sweep)
+    folder = Path(sweep.state_dir) / SUBMITIT_DIR
+    slurm_ids = [r["job_id"] for r in recs.values() if r.get("launcher") == "slurm" and not r.get("cancelled")]
+    sacct = _sacct(slurm_ids)
+    out = []
+    for c in sweep.cells:
+        st = CellState(cell=c, state="missing", step=_last_step(c.run_dir))
+        rec = recs.get(c.index)
+        if rec is not None:
+            st.job_id = str(rec["job_id"])
+        if is_finished(c.run_dir):
+            st.state = "done"
+            out.append(st)
+            continue
+        if rec is None:
+            st.state = "interrupted" if st.step >= 0 else "missing"
+            out.append(st)
+            continue
+        if rec.get("cancelled"):
+            st.state = "cancelled"
+            out.append(st)
+            continue
+        res = _result(folder, st.job_id)
+        if res is not None and res[0] == "error":
+            st.state, st.error = "failed", error_line(str(res[1]))
+        elif res is not None:
+            st.state = "done"  # summary.json appears with the result
+        elif rec.get("launcher") == "local":
+            job = (live_jobs or {}).get(c.index)
+            alive = job.state == "RUNNING" if job is not None else _pid_alive(int(st.job_id), folder)
+            if alive:
+                st.state = "running"
+            elif (res := _result(folder, st.job_id)) is not None:  # it ended between the two checks
+                st.state = "failed" if res[0] == "error" else "done"
+                st.error = error_line(str(res[1])) if res[0] == "error" else ""
+            else:
+                st.state = "interrupted"  # killed without a result (the sweep or machine died)
+                err = _read_error(os.path.join(c.run_dir, ERROR_FILE))
+                if err:
+                    st.state, st.error = "failed", err
+        else:
+            s = sacct.get(st.job_id, "PENDING")  # not in sacct yet: just submitted
+            if s in _SLURM_RUNNING:
+                st.state = "running"
+            elif s in _SLURM_PENDING:
+                st.state = "pending"
+            elif s == "CANCELLED":
+                st.state = "cancelled"
+            elif s in _SLURM_FAILED:
+                st.state = "failed"
+                st.error = _read_error(os.path.join(c.run_dir, ERROR_FILE)) or f"SLURM job {st.job_id} ended {s}"
+            else:
+                st.state = "pending"
+        out.append(st)
+    return out
+
+
+def _read_error(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return json.load(fh)["error"]
+    except (OSError, ValueError, KeyError):
+        return ""
+
+
+def print_states(states: list[CellState], stream=None) -> None:
+    stream = stream or sys.stdout
+    print(f"{'cell':>4}  {'state':<11} {'job':<12} {'progress':<12} run id", file=stream)
+    for s in states:
+        print(s.line(), file=stream)
+    counts = {k: sum(s.state == k for s in states) for k in STATES}
+    print("  ".join(f"{k} {v}" for k, v in counts.items() if v) + f"  (of {len(states)})", file=stream, flush=True)

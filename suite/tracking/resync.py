@@ -1,0 +1,134 @@
+"""`suite sync RUN_DIR`: send what a run directory holds beyond its sync marker to its MLflow run.
+
+A run that lost its server (or was killed with an unsent buffer) is completed later from the
+run directory alone: params.json, tags.json, artifacts.json, metrics.jsonl, and the MLflow run
+and marker files (suite.tracking.rundir), through the `MlflowLogger` in sync mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from suite.tracking.mlflow_logger import MlflowLogger, resolve_tracking_uri
+from suite.tracking.rundir import (
+    ARTIFACTS_FILE,
+    METRICS_FILE,
+    PARAMS_FILE,
+    RUN_FILE,
+    SYNC_FILE,
+    TAGS_FILE,
+    read_json,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SyncResult:
+    """What `resync` did."""
+
+    run_id: str
+    tracking_uri: str
+    steps_sent: int  # distinct steps with at least one metric sent
+    metrics_sent: int
+    synced_step: int  # every step <= this is in MLflow (-1: none)
+
+
+
+def resync(
+    run_dir: str | os.PathLike,
+    tracking_uri: str | None = None,
+    *,
+    end_status: str | None = None,
+) -> SyncResult:
+    """Send a run directory's JSONL metrics beyond the sync marker to its MLflow run.
+
+    Idempotent: a second call sends nothing. Creates the run if it never reached MLflow
+    (server down for the whole run), and (re)sends params, tags and artifacts from the run
+    dir (params already there are skipped, tags and artifacts are overwritten with the same
+    content). `tracking_uri` overrides the one recorded in the run dir (a different URI
+    means a new run there, sent from step 0). `end_status` (e.g. "FAILED" for a run that
+    was killed and will not be resumed) ends the run; without it, a status that `close()`
+    could not send is sent now. Raises if MLflow is unreachable (this is for the CLI).
+    """
+    run_dir = Path(run_dir)
+    info = read_json(run_dir / RUN_FILE)
+    if info is None:
+        raise FileNotFoundError(
+            f"{run_dir / RUN_FILE} not found: {run_dir} was not logged with an MlflowLogger"
+        )
+    uri = resolve_tracking_uri(tracking_uri or info["tracking_uri"])
+    run_id = info.get("run_id") if uri == info["tracking_uri"] else None
+    logger = MlflowLogger(
+        uri,
+        info.get("experiment") or "suite",
+        info.get("run_name") or run_dir.name,
+        run_id=run_id,
+        tags=info.get("tags"),
+        run_dir=run_dir,
+        _sync_mode=True,
+    )
+    logger.log_params(read_json(run_dir / PARAMS_FILE) or {})
+    logger.set_tags(read_json(run_dir / TAGS_FILE) or {})
+    for path in read_json(run_dir / ARTIFACTS_FILE) or []:
+        if Path(path).exists():
+            logger.log_artifact(path)
+        else:
+            log.warning("artifact %s no longer exists, not uploaded", path)
+    logger.enqueue_jsonl(run_dir / METRICS_FILE)
+    logger.flush()
+    logger.terminate(end_status)
+    return SyncResult(
+        run_id=logger.run_id,
+        tracking_uri=uri,
+        steps_sent=len(logger.steps_sent),
+        metrics_sent=logger.metrics_sent,
+        synced_step=logger.synced_step,
+    )
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """What is wrong with the record files of a run dir that exists (None: nothing found);
+    a missing run dir is left to `resync`'s own error."""
+    if run_dir.exists() and not run_dir.is_dir():
+        return f"{run_dir} is a file, not a run directory (give the directory holding {METRICS_FILE})"
+    kinds = {RUN_FILE: dict, SYNC_FILE: dict, PARAMS_FILE: dict, TAGS_FILE: dict, ARTIFACTS_FILE: list}
+    for name, kind in kinds.items():
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return f"{path}: not valid JSON ({exc}); restore it or delete it (then `suite sync` starts a new MLflow run)"
+        if not isinstance(data, kind):
+            return f"{path}: must be a JSON {'object' if kind is dict else 'list'}, got {type(data).__name__}"
+    info = read_json(run_dir / RUN_FILE) if (run_dir / RUN_FILE).is_file() else None
+    if info is not None and not isinstance(info.get("tracking_uri"), str):
+        return f"{run_dir / RUN_FILE}: incomplete: no tracking_uri (a write cut short?); restore or delete it"
+    return None
+
+
+def resync_cli(run_dir: str | os.PathLike, tracking_uri: str | None = None,
+               end_status: str | None = None) -> int:
+    """`suite sync RUN_DIR [--tracking-uri URI]`: print one summary line; exit code 0/1, or 2
+    for a run dir whose files are damaged (the message names the file)."""
+    problem = run_dir_problem(Path(run_dir))
+    if problem:
+        print(f"suite sync {run_dir}: {problem}", file=sys.stderr)
+        return 2
+    try:
+        r = resync(run_dir, tracking_uri, end_status=end_status)
+    except Exception as e:  # noqa: BLE001 - a CLI reports, it does not trace back
+        print(f"suite sync {run_dir}: failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"suite sync {run_dir}: run {r.run_id} at {r.tracking_uri}: sent {r.metrics_sent} "
+        f"metrics over {r.steps_sent} steps; MLflow has every step <= {r.synced_step}"
+    )
+    return 0

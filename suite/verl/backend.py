@@ -1,0 +1,22 @@
+"""The verl backend as a `suite.backend.Backend`: `suite.verl.runner.run` in a run directory."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from suite.backend import OnEval, RunSummary
+
+
+def run(cfg: DictConfig, run_dir: str, on_eval: OnEval | None = None, *, progress: bool = False) -> RunSummary:
+    """Train `cfg` with verl in `run_dir`. verl evaluates inside main_ppo, so there is no
+    `on_eval` hook (tuning, which prunes through it, runs embedded trials only)."""
+    if on_eval is not None:
+        raise ValueError("backend.name=verl has no on_eval hook (verl evaluates inside main_ppo); "
+                         "runs that prune on held-out accuracy need backend=embedded")
+    from suite.config import run_id
+    from suite.verl.runner import run as verl_run
+
+    record = verl_run(cfg, run_dir)
+    # the head's summary.json has every field but the run's identity, which is the config's
+    return RunSummary.from_record(record, run_id=run_id(cfg), run_dir=run_dir, steps=int(cfg.steps),
+                                  mlflow_run_id=None, tracking_uri=str(cfg.tracking.tracking_uri))

@@ -1,0 +1,239 @@
+"""A sweep or tune driver that stops early (SIGTERM, a poll that raises) stops every job it
+started, ends their MLflow runs KILLED and its parent KILLED or FAILED, and a re-run finishes
+the rest without running a finished cell twice. Real `suite` processes, submitit's local
+executor and a real sqlite MLflow store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+
+import suite
+from _sweep_helpers import TINY, child_env, write_sweep
+from suite.sweep.guard import Driver
+
+SUITE = [sys.executable, "-m", "suite.cli"]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+def _procs_of(folder: Path) -> list[str]:
+    """Live processes whose command line names `folder` (submitit controllers and their tasks)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().split(")")[-1].split()[0] == "Z":
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().decode(errors="replace").replace("\0", " ")
+        except OSError:
+            continue
+        if str(folder) in cmd:
+            out.append(f"{pid}: {cmd}")
+    return out
+
+
+def _kill_leftovers(folder: Path) -> None:
+    for line in _procs_of(folder):
+        try:
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_for(cond, proc, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        assert proc.poll() is None, f"the driver ended before {what}:\n{proc.stdout.read()}"
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} within {timeout_s} s")
+
+
+def _steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _runs(uri: str, experiment: str = "suite"):
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return client, client.search_runs([exp.experiment_id])
+
+
+def _sweep(tmp_path, runs, name):
+    return write_sweep(tmp_path / f"{name}.yaml", {
+        "name": name, "base": [*TINY, "steps=40", "ckpt_every=2", f"out_dir={runs}"],
+        "matrix": {"seed": [0, 1, 2]}, "launcher": {"max_parallel": 2, "poll_s": 0.5}})
+
+
+def _started(runs: Path) -> list[Path]:
+    """Run dirs of cells that have an MLflow run and a first checkpoint (mid-run)."""
+    return [d for d in runs.glob("grpo-*") if (d / "mlflow_run.json").exists() and list(d.glob("checkpoints/step_*"))]
+
+
+def _rerun_finishes_without_duplicates(path: Path, runs: Path, uri: str, tmp_path: Path) -> None:
+    out = subprocess.run([*SUITE, "sweep", str(path)], capture_output=True, text=True, env=child_env(),
+                         cwd=tmp_path, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    dirs = list(runs.glob("grpo-*"))
+    assert len(dirs) == 3
+    for d in dirs:
+        assert _steps(d) == list(range(0, 41)), d.name  # every step once: resumed, never repeated
+    client, all_runs = _runs(uri)
+    parents = [r for r in all_runs if r.data.tags.get("suite.kind") == "sweep"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(children) == 3 and len(all_runs) == 4  # the stopped cells reused their MLflow runs
+    for r in children:
+        assert r.info.status == "FINISHED"
+        assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "train/acc")) == list(range(1, 41))
+
+
+def test_sigterm_to_a_local_sweep_stops_its_cells_and_ends_their_runs(tmp_path, sweep_env):
+    uri, runs = sweep_env
+    path = _sweep(tmp_path, runs, "term")
+    folder = runs / "_sweeps" / "term" / "submitit"
+    proc = subprocess.Popen([*SUITE, "sweep", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=child_env(), cwd=tmp_path, start_new_session=True)
+    try:
+        _wait_for(lambda: _started(runs), proc, 600, "a cell mid-run")
+        proc.send_signal(signal.SIGTERM)  # the driver alone, as a scheduler or `kill` would
+        assert proc.wait(timeout=300) == 130
+        text = proc.stdout.read()
+        assert "driver interrupted: cancelling" in text and "interrupted: run `suite sweep" in text, text
+        assert _procs_of(folder) == [], "a cell outlived its driver"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_leftovers(folder)
+    client, all_runs = _runs(uri)
+    parent = next(r for r in all_runs if r.data.tags.get("suite.kind") == "sweep")
+    assert parent.info.status == "KILLED"
+    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert children and all(r.info.status in ("KILLED", "FINISHED") for r in children), \
+        [(r.data.tags["cell"], r.info.status) for r in children]
+    assert any(r.info.status == "KILLED" for r in children)
+    status = subprocess.run([*SUITE, "status", str(path)], capture_output=True, text=True, env=child_env(),
+                            cwd=tmp_path, timeout=300)
+    assert status.returncode == 0 and "cancelled" in status.stdout, status.stdout
+    _rerun_finishes_without_duplicates(path, runs, uri, tmp_path)
+
+
+def test_a_sweep_driver_whose_poll_raises_stops_its_cells(tmp_path, sweep_env):
+    """The state dir's jobs.jsonl becomes unreadable mid-sweep (here: a directory in its place):
+    the next poll raises; the driver names the file, stops what it started, marks the runs."""
+    uri, runs = sweep_env
+    path = _sweep(tmp_path, runs, "poll")
+    state = runs / "_sweeps" / "poll"
+    folder = state / "submitit"
+    proc = subprocess.Popen([*SUITE, "sweep", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=child_env(), cwd=tmp_path, start_new_session=True)
+    jobs = state / "jobs.jsonl"
+    try:
+        _wait_for(lambda: _started(runs), proc, 600, "a cell mid-run")
+        os.rename(jobs, state / "jobs.saved")
+        jobs.mkdir()
+        assert proc.wait(timeout=300) == 2
+        text = proc.stdout.read()
+        assert "driver failed" in text and str(jobs) in text, text
+        # no traceback of the driver's (a cancelled submitit controller prints its own KeyboardInterrupt)
+        assert f'File "{Path(suite.__file__).parent}' not in text, text
+        assert _procs_of(folder) == [], "a cell outlived its driver"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_leftovers(folder)
+    client, all_runs = _runs(uri)
+    parent = next(r for r in all_runs if r.data.tags.get("suite.kind") == "sweep")
+    assert parent.info.status == "FAILED"
+    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert children and not [r for r in children if r.info.status == "RUNNING"]
+    assert any(r.info.status == "KILLED" for r in children)
+    jobs.rmdir()
+    os.rename(state / "jobs.saved", jobs)  # the state dir repaired: the re-run resumes the cells
+    _rerun_finishes_without_duplicates(path, runs, uri, tmp_path)
+
+
+def test_sigterm_to_a_tune_driver_stops_its_trials_and_a_rerun_resumes_them(tmp_path, sweep_env):
+    uri, runs = sweep_env
+    db = tmp_path / "optuna.db"
+    base = [*TINY, "steps=40", "ckpt_every=2", "eval_every=20", f"tracking.tracking_uri={uri}",
+            "tracking.experiment=tune-stop"]
+    path = tmp_path / "tune.yaml"
+    path.write_text(
+        "study: stop\n"
+        f"storage: sqlite:///{db}\n"
+        f"out_dir: {runs}\n"
+        f"base: {json.dumps(base)}\n"
+        "space:\n  uaq.s: {type: float, low: 1.0, high: 2.0}\n"
+        "objective: {metric: val-core/arith/acc/mean@1, direction: maximize}\n"
+        "n_trials: 2\nparallelism: 2\npoll_s: 0.5\n"
+        "pruner: {name: none}\n"
+        "launcher: {name: local, timeout_min: 20, cpus_per_task: 1}\n")
+    folder = runs / "stop" / "jobs"
+    proc = subprocess.Popen([*SUITE, "tune", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=child_env(), cwd=tmp_path, start_new_session=True)
+    try:
+        _wait_for(lambda: len([d for d in (runs / "stop").glob("trial-*") if list(d.glob("checkpoints/step_*"))
+                               and (d / "mlflow_run.json").exists()]) == 2, proc, 600, "both trials mid-run")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 130
+        text = proc.stdout.read()
+        assert "cancelling 2 job(s): trial 0, trial 1" in text, text
+        assert _procs_of(folder) == [], "a trial outlived its driver"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_leftovers(folder)
+    study = optuna.load_study(study_name="stop", storage=f"sqlite:///{db}")
+    assert [t.state for t in study.trials] == [TrialState.RUNNING] * 2  # resumed by the next driver
+    client, all_runs = _runs(uri, "tune-stop")
+    parent = next(r for r in all_runs if r.data.tags.get("tune_role") == "study")
+    assert parent.info.status == "KILLED"
+    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["trial"] for r in children) == ["0", "1"]
+    assert all(r.info.status == "KILLED" for r in children)
+
+    again = subprocess.run([*SUITE, "tune", str(path)], capture_output=True, text=True, env=child_env(),
+                           cwd=tmp_path, timeout=900)
+    assert again.returncode == 0, again.stdout + again.stderr
+    study = optuna.load_study(study_name="stop", storage=f"sqlite:///{db}")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    client, all_runs = _runs(uri, "tune-stop")
+    assert len(all_runs) == 3  # the parent and one child per trial: the stopped runs were reused
+    parent = next(r for r in all_runs if r.data.tags.get("tune_role") == "study")
+    assert parent.info.status == "FINISHED"
+    for d in (runs / "stop").glob("trial-*"):
+        assert _steps(d) == list(range(0, 41)), d.name
+    for r in all_runs:
+        if r.info.run_id != parent.info.run_id:
+            assert r.info.status == "FINISHED"
+            assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "train/acc")) == list(range(1, 41))
+
+
+def test_a_stop_signal_during_a_submission_waits_for_its_record(tmp_path):
+    """`hold()` defers SIGTERM until the block ends, so a job is never started unrecorded."""
+    done = []
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        with Driver(f"sqlite:///{tmp_path / 'm.db'}", None, lambda: []) as drv:
+            with drv.hold():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.1)  # the handler ran: without hold() this line would not be reached
+                done.append("recorded")
+    assert done == ["recorded"]
+    assert signal.getsignal(signal.SIGTERM) is before  # restored on the way out
