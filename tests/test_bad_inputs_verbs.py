@@ -237,13 +237,8 @@ def test_the_tables_count_by_class():
 
 
 @pytest.fixture
-def work(tmp_path, monkeypatch):
-    w = tmp_path / "work"
-    w.mkdir()
-    monkeypatch.chdir(w)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setenv("SUITE_CACHE", str(tmp_path / "cache"))
-    return w
+def work(empty_cwd):
+    return empty_cwd / "work"
 
 
 def _argv(argv: list[str], text: str | None, work: Path) -> tuple[list[str], str]:

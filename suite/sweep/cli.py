@@ -82,8 +82,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from suite.sweep.launch import cell_states, parent_run, print_states, set_parent_status
-
+    from suite.sweep.launch import (
+        cell_states,
+        parent_run,
+        print_states,
+        set_parent_status,
+    )
     from suite.sweep.spec import SweepError
 
     sweep = _load(args)
@@ -101,7 +105,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from suite.sweep.launch import cancel
-
     from suite.sweep.spec import SweepError
 
     sweep = _load(args)

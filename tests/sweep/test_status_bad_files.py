@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from _sweep_helpers import TINY, write_sweep
+
 from suite.cli import main
 from suite.sweep.spec import load_sweep
 from suite.sweep.state_files import append_job, read_jobs
