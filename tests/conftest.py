@@ -131,3 +131,16 @@ def mlflow_server_uri(mlflow_server: MlflowServer) -> str:
     """`http://127.0.0.1:PORT` of a real MLflow tracking server (sqlite store), shared by
     the whole session."""
     return mlflow_server.uri
+
+
+@pytest.fixture
+def empty_cwd(tmp_path, monkeypatch):
+    """An empty working directory `tmp_path/work` (where default outputs would land), no
+    MLFLOW_TRACKING_URI, the warm-start cache at `tmp_path/cache`; returns tmp_path. The
+    bad-input tables check that both stay empty."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("SUITE_CACHE", str(tmp_path / "cache"))
+    return tmp_path

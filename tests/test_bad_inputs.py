@@ -133,16 +133,6 @@ def test_the_table_is_large_and_covers_every_class():
     assert len(counts) == 11
 
 
-@pytest.fixture
-def empty_cwd(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setenv("SUITE_CACHE", str(tmp_path / "cache"))
-    return tmp_path
-
-
 @pytest.mark.parametrize("overrides, key", _cases())
 def test_bad_run_input_exits_2_naming_the_key_and_creates_nothing(overrides, key, empty_cwd, capsys):
     with pytest.raises(SystemExit) as exit_:

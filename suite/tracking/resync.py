@@ -93,9 +93,10 @@ def resync(
 
 
 def run_dir_problem(run_dir: Path) -> str | None:
-    """What is wrong with the record files of a run dir that exists (None: nothing found);
-    a missing run dir is left to `resync`'s own error."""
-    if run_dir.exists() and not run_dir.is_dir():
+    """What is wrong with the run dir or its record files (None: nothing found)."""
+    if not run_dir.exists():
+        return f"{run_dir}: no such run directory"
+    if not run_dir.is_dir():
         return f"{run_dir} is a file, not a run directory (give the directory holding {METRICS_FILE})"
     kinds = {RUN_FILE: dict, SYNC_FILE: dict, PARAMS_FILE: dict, TAGS_FILE: dict, ARTIFACTS_FILE: list}
     for name, kind in kinds.items():

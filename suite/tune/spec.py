@@ -19,6 +19,10 @@ from omegaconf.errors import OmegaConfBaseException
 from suite.sweep.spec import MAX_POLL_S
 
 PARAM_TYPES = ("float", "int", "categorical")
+# The namespaces of the metric keys a run logs (docs/metrics.md): an objective outside them is
+# a key no trial ever logs, so every trial would end FAIL with no value.
+METRIC_NAMESPACES = ("actor", "critic", "perf", "quant", "response", "response_length", "rollout_corr", "timing_s",
+                     "train", "val-core", "warm_start")
 DIRECTIONS = ("maximize", "minimize")
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("none", "median", "successive_halving")
@@ -177,6 +181,9 @@ def check_spec(spec: TuneSpec) -> None:
     _choice("objective.direction", spec.objective.direction, DIRECTIONS)
     if not spec.objective.metric:
         _fail("objective.metric", "must name a metric key (docs/metrics.md)")
+    if spec.objective.metric.split("/")[0] not in METRIC_NAMESPACES or "/" not in spec.objective.metric:
+        _fail("objective.metric", f"{spec.objective.metric!r} is not a metric a run logs; keys are "
+                                  f"<namespace>/..., namespaces: {', '.join(METRIC_NAMESPACES)} (docs/metrics.md)")
     if spec.n_trials < 1:
         _fail("n_trials", f"must be >= 1, got {spec.n_trials}")
     if spec.parallelism < 1:
@@ -280,6 +287,6 @@ def check_against_config(spec: TuneSpec, compose) -> DictConfig:
     if spec.pruner.name != "none" and metric != held_out_metric(base.task.name):
         raise TuneSpecError(
             f"pruner.name={spec.pruner.name}: trials report held-out accuracy at each evaluation, so a pruner "
-            f"needs objective.metric={held_out_metric(base.task.name)!r}; or set pruner.name=none"
+            f"needs objective.metric={held_out_metric(base.task.name)!r}, not {metric!r}; or set pruner.name=none"
         )
     return base

@@ -7,8 +7,18 @@ import sys
 
 
 def cmd_uaq(args: argparse.Namespace) -> int:
+    import math
+
     from suite.verl.hf_uaq import UAQError, transform
 
+    # checked before any file is read: s scales norms and divides linears, so it must be finite and > 0
+    if not (math.isfinite(args.s) and args.s > 0):
+        print(f"suite uaq: --s={args.s}: must be a finite number > 0 (the paper's default is 1.5)", file=sys.stderr)
+        return 2
+    if args.verify_layers < 1:
+        print(f"suite uaq: --verify-layers={args.verify_layers}: must be >= 1 (apply always checks invariance)",
+              file=sys.stderr)
+        return 2
     try:
         transform(args.in_dir, args.out_dir, args.s, undo=args.op == "undo", verify_layers=args.verify_layers)
     except (UAQError, ValueError) as exc:

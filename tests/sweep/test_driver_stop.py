@@ -5,6 +5,7 @@ executor and a real sqlite MLflow store."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,11 +16,11 @@ from pathlib import Path
 
 import optuna
 import pytest
+from _sweep_helpers import TINY, child_env, write_sweep
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 import suite
-from _sweep_helpers import TINY, child_env, write_sweep
 from suite.sweep.guard import Driver
 
 SUITE = [sys.executable, "-m", "suite.cli"]
@@ -62,6 +63,31 @@ def _wait_for(cond, proc, timeout_s: float, what: str):
         assert proc.poll() is None, f"the driver ended before {what}:\n{proc.stdout.read()}"
         time.sleep(0.2)
     raise TimeoutError(f"{what} within {timeout_s} s")
+
+
+@contextlib.contextmanager
+def _driver(argv: list[str], cwd: Path, folder: Path):
+    """A real `suite` driver in its own session; whatever is left of it and its jobs is killed after."""
+    proc = subprocess.Popen([*SUITE, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=child_env(), cwd=cwd, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_leftovers(folder)
+
+
+def _assert_stopped(uri: str, parent_status: str, experiment: str = "suite", role=("suite.kind", "sweep")) -> list:
+    """The parent ended `parent_status`; no child RUNNING and at least one KILLED. Returns the children."""
+    _, all_runs = _runs(uri, experiment)
+    parent = next(r for r in all_runs if r.data.tags.get(role[0]) == role[1])
+    assert parent.info.status == parent_status
+    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert children and not [r for r in children if r.info.status == "RUNNING"], \
+        [(r.data.tags, r.info.status) for r in children]
+    assert any(r.info.status == "KILLED" for r in children)
+    return children
 
 
 def _steps(run_dir: Path) -> list[int]:
@@ -107,26 +133,14 @@ def test_sigterm_to_a_local_sweep_stops_its_cells_and_ends_their_runs(tmp_path, 
     uri, runs = sweep_env
     path = _sweep(tmp_path, runs, "term")
     folder = runs / "_sweeps" / "term" / "submitit"
-    proc = subprocess.Popen([*SUITE, "sweep", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=child_env(), cwd=tmp_path, start_new_session=True)
-    try:
+    with _driver(["sweep", str(path)], tmp_path, folder) as proc:
         _wait_for(lambda: _started(runs), proc, 600, "a cell mid-run")
         proc.send_signal(signal.SIGTERM)  # the driver alone, as a scheduler or `kill` would
         assert proc.wait(timeout=300) == 130
         text = proc.stdout.read()
         assert "driver interrupted: cancelling" in text and "interrupted: run `suite sweep" in text, text
         assert _procs_of(folder) == [], "a cell outlived its driver"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        _kill_leftovers(folder)
-    client, all_runs = _runs(uri)
-    parent = next(r for r in all_runs if r.data.tags.get("suite.kind") == "sweep")
-    assert parent.info.status == "KILLED"
-    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert children and all(r.info.status in ("KILLED", "FINISHED") for r in children), \
-        [(r.data.tags["cell"], r.info.status) for r in children]
-    assert any(r.info.status == "KILLED" for r in children)
+    _assert_stopped(uri, "KILLED")
     status = subprocess.run([*SUITE, "status", str(path)], capture_output=True, text=True, env=child_env(),
                             cwd=tmp_path, timeout=300)
     assert status.returncode == 0 and "cancelled" in status.stdout, status.stdout
@@ -140,10 +154,8 @@ def test_a_sweep_driver_whose_poll_raises_stops_its_cells(tmp_path, sweep_env):
     path = _sweep(tmp_path, runs, "poll")
     state = runs / "_sweeps" / "poll"
     folder = state / "submitit"
-    proc = subprocess.Popen([*SUITE, "sweep", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=child_env(), cwd=tmp_path, start_new_session=True)
     jobs = state / "jobs.jsonl"
-    try:
+    with _driver(["sweep", str(path)], tmp_path, folder) as proc:
         _wait_for(lambda: _started(runs), proc, 600, "a cell mid-run")
         os.rename(jobs, state / "jobs.saved")
         jobs.mkdir()
@@ -153,16 +165,7 @@ def test_a_sweep_driver_whose_poll_raises_stops_its_cells(tmp_path, sweep_env):
         # no traceback of the driver's (a cancelled submitit controller prints its own KeyboardInterrupt)
         assert f'File "{Path(suite.__file__).parent}' not in text, text
         assert _procs_of(folder) == [], "a cell outlived its driver"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        _kill_leftovers(folder)
-    client, all_runs = _runs(uri)
-    parent = next(r for r in all_runs if r.data.tags.get("suite.kind") == "sweep")
-    assert parent.info.status == "FAILED"
-    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert children and not [r for r in children if r.info.status == "RUNNING"]
-    assert any(r.info.status == "KILLED" for r in children)
+    _assert_stopped(uri, "FAILED")
     jobs.rmdir()
     os.rename(state / "jobs.saved", jobs)  # the state dir repaired: the re-run resumes the cells
     _rerun_finishes_without_duplicates(path, runs, uri, tmp_path)
@@ -185,9 +188,7 @@ def test_sigterm_to_a_tune_driver_stops_its_trials_and_a_rerun_resumes_them(tmp_
         "pruner: {name: none}\n"
         "launcher: {name: local, timeout_min: 20, cpus_per_task: 1}\n")
     folder = runs / "stop" / "jobs"
-    proc = subprocess.Popen([*SUITE, "tune", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=child_env(), cwd=tmp_path, start_new_session=True)
-    try:
+    with _driver(["tune", str(path)], tmp_path, folder) as proc:
         _wait_for(lambda: len([d for d in (runs / "stop").glob("trial-*") if list(d.glob("checkpoints/step_*"))
                                and (d / "mlflow_run.json").exists()]) == 2, proc, 600, "both trials mid-run")
         proc.send_signal(signal.SIGTERM)
@@ -195,16 +196,9 @@ def test_sigterm_to_a_tune_driver_stops_its_trials_and_a_rerun_resumes_them(tmp_
         text = proc.stdout.read()
         assert "cancelling 2 job(s): trial 0, trial 1" in text, text
         assert _procs_of(folder) == [], "a trial outlived its driver"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        _kill_leftovers(folder)
     study = optuna.load_study(study_name="stop", storage=f"sqlite:///{db}")
     assert [t.state for t in study.trials] == [TrialState.RUNNING] * 2  # resumed by the next driver
-    client, all_runs = _runs(uri, "tune-stop")
-    parent = next(r for r in all_runs if r.data.tags.get("tune_role") == "study")
-    assert parent.info.status == "KILLED"
-    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    children = _assert_stopped(uri, "KILLED", "tune-stop", ("tune_role", "study"))
     assert sorted(r.data.tags["trial"] for r in children) == ["0", "1"]
     assert all(r.info.status == "KILLED" for r in children)
 
