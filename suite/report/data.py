@@ -26,8 +26,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from suite.report.identity import (IDENTITY_DEFAULTS, SUPERSEDED, fill_group_keys, from_tags_and_params,  # noqa: F401 (SUPERSEDED: a status of the frame, with FINISHED and MISSING)
-                                   logged_before_rename, method_label, supersede)
+from suite.report.identity import (  # noqa: F401 (SUPERSEDED: a status of the frame, with FINISHED and MISSING)
+    IDENTITY_DEFAULTS,
+    SUPERSEDED,
+    fill_group_keys,
+    from_tags_and_params,
+    logged_before_rename,
+    method_label,
+    supersede,
+)
+from suite.report.summaries import ACC, summarize  # noqa: F401 (summarize: part of this module's API)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +79,6 @@ HISTORY_KEYS = (
     "actor/acr_relaxed_frac",
     "actor/acr_tightened_frac",
 )
-ACC = "acc"  # the run's held-out accuracy (val-core/<task>/acc/mean_at_1), a fraction in [0, 1]
 FINISHED = "FINISHED"
 MISSING = "MISSING"  # an expected sweep cell with no MLflow run
 
@@ -351,60 +358,6 @@ def history_frame(long: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     lead = ["mlflow_run_id", "step", "status", "method", "lr", *AXES, *HISTORY_IDENTITY, ACC]
     rest = sorted(c for c in wide.columns if c not in lead)
     return wide[lead + rest].sort_values(["mlflow_run_id", "step"]).reset_index(drop=True)
-
-
-def summarize(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
-    """Per-run summaries of the history, added as columns of `runs` (pure):
-
-    acc0 (held-out accuracy at step 0, before RL), kl_first / kl_last (`rollout_corr/kl` at the
-    first and last RL step), and over RL steps (step >= 1) the means visibility
-    (`quant/update_code_changed_frac`), step_ratio (`quant/update_step_ratio`), gen_tokens_per_s
-    (`perf/gen_tokens_per_s`), sync_s (`timing_s/update_weights`), gen_s (`timing_s/gen`),
-    step_s (`timing_s/step`), the mismatch kl_mean / k3_kl_mean (`rollout_corr/kl`, `k3_kl`),
-    train_acc_mean (`train/acc`), error_ratio_mean (`response/error_ratio`), clipfrac_mean
-    (`actor/pg_clipfrac`), acr_relaxed_mean / acr_tightened_mean (`actor/acr_*_frac`, ACR runs);
-    acc_max (best held-out accuracy, step 0 included); last_step: the last step any metric was
-    logged at. A mean over a metric a run never logged is NaN.
-    """
-    out = runs.copy()
-    h = history
-    means = {
-        "visibility": "quant/update_code_changed_frac",
-        "step_ratio": "quant/update_step_ratio",
-        "gen_tokens_per_s": "perf/gen_tokens_per_s",
-        "sync_s": "timing_s/update_weights",
-        "gen_s": "timing_s/gen",
-        "step_s": "timing_s/step",
-        "kl_mean": "rollout_corr/kl",
-        "k3_kl_mean": "rollout_corr/k3_kl",
-        "train_acc_mean": "train/acc",
-        "error_ratio_mean": "response/error_ratio",
-        "clipfrac_mean": "actor/pg_clipfrac",
-        "acr_relaxed_mean": "actor/acr_relaxed_frac",
-        "acr_tightened_mean": "actor/acr_tightened_frac",
-    }
-    new = pd.DataFrame(index=out["mlflow_run_id"])
-    if h.empty:
-        for col in ("acc0", "acc_max", "kl_first", "kl_last", "last_step", *means):
-            new[col] = np.nan
-    else:
-        g = h.groupby("mlflow_run_id")
-        new["last_step"] = g["step"].max()
-        new["acc0"] = h[h["step"] == 0].set_index("mlflow_run_id")[ACC]
-        new["acc_max"] = g[ACC].max()
-        rl = h[h["step"] >= 1]
-        if "rollout_corr/kl" in rl.columns:
-            kl = rl.dropna(subset=["rollout_corr/kl"]).sort_values("step").groupby("mlflow_run_id")["rollout_corr/kl"]
-            new["kl_first"], new["kl_last"] = kl.first(), kl.last()
-        else:
-            new["kl_first"] = new["kl_last"] = np.nan
-        grl = rl.groupby("mlflow_run_id")
-        for col, key in means.items():
-            new[col] = grl[key].mean() if key in rl.columns else np.nan
-    new = new.reindex(out["mlflow_run_id"])
-    for col in new.columns:
-        out[col] = new[col].to_numpy(dtype=float)
-    return out
 
 
 # ------------------------------------------------------------------------------ entry point

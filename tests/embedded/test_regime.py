@@ -5,9 +5,8 @@ import os
 import statistics
 
 import pytest
-from test_run import run_cfg, tiny_cfg
-
 from hydra.errors import MissingConfigException
+from test_run import run_cfg, tiny_cfg
 
 from suite.config import compose_config, run_id
 from suite.tracking.loggers import read_jsonl

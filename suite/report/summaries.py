@@ -1,0 +1,63 @@
+"""Per-run summaries of a run's metric history (`summarize`), the columns `runs.csv` carries
+beside the axes: what `suite.report.data.load_runs` adds after reading the history."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+ACC = "acc"  # the run's held-out accuracy (val-core/<task>/acc/mean_at_1), a fraction in [0, 1]
+
+
+def summarize(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
+    """Per-run summaries of the history, added as columns of `runs` (pure):
+
+    acc0 (held-out accuracy at step 0, before RL), kl_first / kl_last (`rollout_corr/kl` at the
+    first and last RL step), and over RL steps (step >= 1) the means visibility
+    (`quant/update_code_changed_frac`), step_ratio (`quant/update_step_ratio`), gen_tokens_per_s
+    (`perf/gen_tokens_per_s`), sync_s (`timing_s/update_weights`), gen_s (`timing_s/gen`),
+    step_s (`timing_s/step`), the mismatch kl_mean / k3_kl_mean (`rollout_corr/kl`, `k3_kl`),
+    train_acc_mean (`train/acc`), error_ratio_mean (`response/error_ratio`), clipfrac_mean
+    (`actor/pg_clipfrac`), acr_relaxed_mean / acr_tightened_mean (`actor/acr_*_frac`, ACR runs);
+    acc_max (best held-out accuracy, step 0 included); last_step: the last step any metric was
+    logged at. A mean over a metric a run never logged is NaN.
+    """
+    out = runs.copy()
+    h = history
+    means = {
+        "visibility": "quant/update_code_changed_frac",
+        "step_ratio": "quant/update_step_ratio",
+        "gen_tokens_per_s": "perf/gen_tokens_per_s",
+        "sync_s": "timing_s/update_weights",
+        "gen_s": "timing_s/gen",
+        "step_s": "timing_s/step",
+        "kl_mean": "rollout_corr/kl",
+        "k3_kl_mean": "rollout_corr/k3_kl",
+        "train_acc_mean": "train/acc",
+        "error_ratio_mean": "response/error_ratio",
+        "clipfrac_mean": "actor/pg_clipfrac",
+        "acr_relaxed_mean": "actor/acr_relaxed_frac",
+        "acr_tightened_mean": "actor/acr_tightened_frac",
+    }
+    new = pd.DataFrame(index=out["mlflow_run_id"])
+    if h.empty:
+        for col in ("acc0", "acc_max", "kl_first", "kl_last", "last_step", *means):
+            new[col] = np.nan
+    else:
+        g = h.groupby("mlflow_run_id")
+        new["last_step"] = g["step"].max()
+        new["acc0"] = h[h["step"] == 0].set_index("mlflow_run_id")[ACC]
+        new["acc_max"] = g[ACC].max()
+        rl = h[h["step"] >= 1]
+        if "rollout_corr/kl" in rl.columns:
+            kl = rl.dropna(subset=["rollout_corr/kl"]).sort_values("step").groupby("mlflow_run_id")["rollout_corr/kl"]
+            new["kl_first"], new["kl_last"] = kl.first(), kl.last()
+        else:
+            new["kl_first"] = new["kl_last"] = np.nan
+        grl = rl.groupby("mlflow_run_id")
+        for col, key in means.items():
+            new[col] = grl[key].mean() if key in rl.columns else np.nan
+    new = new.reindex(out["mlflow_run_id"])
+    for col in new.columns:
+        out[col] = new[col].to_numpy(dtype=float)
+    return out
