@@ -53,12 +53,31 @@ def job_target(name: str, job, run_dir: str) -> Target:
     def alive() -> bool:
         if local:
             return job.state == "RUNNING"  # the controller process is still there
+        # sacct says CANCELLED as soon as scancel is through, while squeue still lists the task as
+        # CG (completing) until its processes are gone: squeue decides, sacct where squeue cannot
+        listed = _squeue_lists(str(job.job_id))
+        if listed is not None:
+            return listed
         from suite.sweep.states import _SLURM_PENDING, _SLURM_RUNNING, _sacct
 
         state = _sacct([str(job.job_id)]).get(str(job.job_id), "PENDING")  # not in sacct yet: queued
         return state in _SLURM_RUNNING | _SLURM_PENDING
 
     return Target(name, lambda: job.cancel(check=False), alive, run_dir)
+
+
+def _squeue_lists(job_id: str) -> bool | None:
+    """Whether squeue still lists the job (any state, completing included); None if it cannot say."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        # a job that left slurmctld's memory: "Invalid job id specified"
+        return False if "invalid job id" in out.stderr.lower() else None
+    return bool(out.stdout.strip())
 
 
 def pid_target(name: str, pid: int, alive: Callable[[], bool], run_dir: str) -> Target:
