@@ -45,14 +45,14 @@ SUMMARY = [
     ("acr_tightened_mean", "ACR tightened, mean (%)", 100, ".1f"),
     ("visibility", "update visibility, mean (%)", 100, ".3f"),
 ]
-CURVES = [
-    ("train/acc", "train accuracy (rolling mean of 5 steps)", False, 5),
-    ("acc", "held-out accuracy (greedy)", False, 1),
-    ("rollout_corr/k3_kl", "rollout_corr/k3_kl (rolling median of 5)", True, 5),
-    ("response/error_ratio", "error-token rate (rolling mean of 5)", False, 5),
-    ("actor/acr_relaxed_frac", "ACR relaxed fraction (rolling mean of 5)", False, 5),
-    ("actor/acr_tightened_frac", "ACR tightened fraction (rolling mean of 5)", False, 5),
-    ("quant/update_code_changed_frac", "weight-update visibility (rolling mean of 5)", True, 5),
+CURVES = [  # (metric, title, log y, rolling window, rolling statistic)
+    ("train/acc", "train accuracy (rolling mean of 5 steps)", False, 5, "mean"),
+    ("acc", "held-out accuracy (greedy)", False, 1, "mean"),
+    ("rollout_corr/k3_kl", "rollout_corr/k3_kl (rolling median of 5)", True, 5, "median"),
+    ("response/error_ratio", "error-token rate (rolling mean of 5)", False, 5, "mean"),
+    ("actor/acr_relaxed_frac", "ACR relaxed fraction (rolling mean of 5)", False, 5, "mean"),
+    ("actor/acr_tightened_frac", "ACR tightened fraction (rolling mean of 5)", False, 5, "mean"),
+    ("quant/update_code_changed_frac", "weight-update visibility (rolling mean of 5)", True, 5, "mean"),
 ]
 
 
@@ -123,7 +123,7 @@ def curves(history: pd.DataFrame, runs: pd.DataFrame, by: list[str], out: Path) 
     h = history[history["mlflow_run_id"].isin(labels.index)].copy()
     h["config"] = h["mlflow_run_id"].map(labels)
     written = []
-    for key, title, log, win in CURVES:
+    for key, title, log, win, how in CURVES:
         if key not in h or h[key].notna().sum() == 0:
             continue
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
@@ -131,7 +131,7 @@ def curves(history: pd.DataFrame, runs: pd.DataFrame, by: list[str], out: Path) 
             wide = g.pivot_table(index="step", columns="mlflow_run_id", values=key)
             if win > 1:
                 roll = wide.rolling(win, min_periods=1)
-                wide = roll.median() if "median" in title else roll.mean()
+                wide = roll.median() if how == "median" else roll.mean()
             ax.plot(wide.index, wide.mean(axis=1), label=f"{config} (n={wide.shape[1]})")
             ax.fill_between(wide.index, wide.min(axis=1), wide.max(axis=1), alpha=0.2)
         if key == "rollout_corr/k3_kl":
