@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from suite import hardware
 from suite.cell import open_mlflow_run
-from suite.config import run_id
+from suite.config import AlgoConfig, CorrectionConfig, RolloutConfig, TrainConfig, run_id
 from suite.core import advantages as adv_fns
 from suite.core.losses import CORRECTIONS, masked_mean, policy_loss, value_loss
 from suite.core.metrics import (
@@ -39,15 +39,15 @@ from suite.core.metrics import (
     rollout_corr_metrics,
 )
 from suite.core.quant import QuantScheme
-from suite.core.uaq import apply_uaq, uaq_param_groups
-from suite.embedded.actor import Critic, quantized_weight_names, trainer_logprobs
+from suite.embedded import parts
+from suite.embedded.actor import trainer_logprobs
 from suite.embedded.batch import Batch, concat_batches, select_rows
-from suite.embedded.engine import RolloutEngine
 from suite.embedded.model import PRESETS, ModelConfig, Transformer
 from suite.embedded.tasks import make_split, make_task, resolve_flaw_op
 from suite.embedded.tokenizer import CharTokenizer
 from suite.embedded.warmstart import load_or_train
 from suite.tracking import checkpoint as ckpt
+from suite.tracking import rundir
 from suite.tracking.lock import run_lock
 from suite.tracking.loggers import JsonlLogger, MultiLogger, refuse_corrupt_jsonl
 
@@ -56,8 +56,18 @@ TRAIN_POOL = 20_000  # distinct training prompts per run seed
 EVAL_BATCH = 128  # held-out prompts decoded at once
 
 
+def _section(cls, node):
+    """A config section as its plain dataclass (interpolations resolved)."""
+    return cls(**OmegaConf.to_container(node, resolve=True))
+
+
 class EmbeddedRun:
-    """A resumable embedded run living in ``run_dir``."""
+    """A resumable embedded run living in ``run_dir``.
+
+    The config is read here, once: the step's parts receive its typed sections (``self.algo``,
+    ``self.rollout``, ``self.optim``, ``self.correction``) and the builders of
+    `suite.embedded.parts` plain values. Only the driver (`run`) keeps the whole config, to log it.
+    """
 
     def __init__(self, cfg: DictConfig, run_dir: str, *, progress: bool = True, on_eval=None):
         self.cfg = cfg
@@ -66,9 +76,14 @@ class EmbeddedRun:
         # on_eval(step, held-out acc) -> bool, after each RL-step evaluation: True stops the run
         # there, ending as pruned (summary "pruned": true, MLflow tag pruned=true, status KILLED).
         self.on_eval = on_eval
+        self.algo = _section(AlgoConfig, cfg.algo)
+        self.rollout = _section(RolloutConfig, cfg.rollout)
+        self.optim = _section(TrainConfig, cfg.train)
+        self.correction = _section(CorrectionConfig, cfg.correction)
+        self.seed = cfg.seed
         # Resolved at compose time (suite.config.resolve_hardware); "auto" only if built by hand.
         q = cfg.quant
-        self.bf16 = hardware.resolve_autocast(cfg.train.autocast) == "bf16"
+        self.bf16 = hardware.resolve_autocast(self.optim.autocast) == "bf16"
         self.kernels = hardware.resolve_kernels(q.kernels, q.precision, q.fp8_granularity)
         self.bf16_kernels = hardware.resolve_bf16_kernels(q.bf16_kernels, q.precision)
         hardware.check_executable(q.precision, self.kernels, self.bf16_kernels)  # or refuse, naming the key
@@ -78,63 +93,51 @@ class EmbeddedRun:
             torch.set_num_threads(cfg.threads)
 
         self.tokenizer = CharTokenizer()
+        self.task_name = cfg.task.name
         self.task = make_task(cfg.task.name, cfg.task.difficulty)
         self.train_pool = make_split(self.task, TRAIN_POOL, cfg.seed, "train")
         self.eval_set = make_split(self.task, cfg.task.n_eval, EVAL_SEED, "eval")
+        self.eval_samples = cfg.task.eval_samples
         preset = dict(PRESETS[cfg.model.preset])
         preset["vocab_size"] = self.tokenizer.vocab_size
         self.model_cfg = ModelConfig(**preset)
         prompt_max = max(len(self.tokenizer.encode(e.prompt)) for e in self.train_pool[:2000] + self.eval_set)
-        need = prompt_max + cfg.rollout.max_new_tokens
+        need = prompt_max + self.rollout.max_new_tokens
         if need > self.model_cfg.max_seq_len:
             raise ValueError(
                 f"model.preset={cfg.model.preset} has max_seq_len {self.model_cfg.max_seq_len} < longest prompt "
-                f"({prompt_max}) + rollout.max_new_tokens ({cfg.rollout.max_new_tokens})"
+                f"({prompt_max}) + rollout.max_new_tokens ({self.rollout.max_new_tokens})"
             )
         self.scheme = QuantScheme(
-            precision=cfg.quant.precision, fp8_granularity=cfg.quant.fp8_granularity,
-            block_size=cfg.quant.block_size, group_size=cfg.quant.group_size, symmetric=cfg.quant.symmetric,
+            precision=q.precision, fp8_granularity=q.fp8_granularity,
+            block_size=q.block_size, group_size=q.group_size, symmetric=q.symmetric,
         )
+        self.uaq_s, self.group_lr_s = cfg.uaq.s, cfg.uaq.group_lr_s
+        ws = cfg.warm_start
+        self.warm_start = dict(  # suite.embedded.warmstart.load_or_train's keyword arguments
+            steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr, seed=ws.seed, cache_dir=ws.cache_dir,
+            flaw_op=resolve_flaw_op(cfg.task.name, ws.flaw_op), flaw_prob=ws.flaw_prob,
+        )
+        self.task_difficulty = cfg.task.difficulty
 
     # ---------------------------------------------------------------- set-up
     def build(self) -> None:
         """Warm start (cached), actor, optimizer, engines and RNG streams; `run()` calls it first."""
-        cfg = self.cfg
         state, self.warm_info = load_or_train(
-            self.model_cfg, self.task, cfg.task.name, cfg.task.difficulty, self.tokenizer,
-            steps=cfg.warm_start.steps, batch_size=cfg.warm_start.batch_size, lr=cfg.warm_start.lr,
-            seed=cfg.warm_start.seed, bf16_autocast=self.bf16, cache_dir=cfg.warm_start.cache_dir,
-            flaw_op=resolve_flaw_op(cfg.task.name, cfg.warm_start.flaw_op), flaw_prob=cfg.warm_start.flaw_prob,
-            progress=self.progress,
+            self.model_cfg, self.task, self.task_name, self.task_difficulty, self.tokenizer,
+            bf16_autocast=self.bf16, progress=self.progress, **self.warm_start,
         )
-        torch.manual_seed(cfg.seed)
-        self.actor = Transformer(self.model_cfg)
-        self.actor.load_state_dict(state)
-        # UAQ: one-time invariant rescaling before RL (QuRL §4.2); exact in real arithmetic.
-        if cfg.uaq.s != 1.0:
-            apply_uaq(self.actor, cfg.uaq.s, "embedded")
-        self.qnames = quantized_weight_names(self.actor)
-        betas = tuple(cfg.train.betas)
-        params = self.actor.parameters()
-        if cfg.uaq.group_lr_s != 1.0:  # the UAQ control: UAQ's per-group Adam rates without the rescaling
-            params = uaq_param_groups(self.actor, cfg.train.lr, cfg.uaq.group_lr_s, "embedded",
-                                      weight_decay=cfg.train.weight_decay)
-        self.opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=betas, weight_decay=cfg.train.weight_decay)
-        self.ref = None
-        if cfg.algo.kl_coef > 0:
-            self.ref = Transformer(self.model_cfg)
-            self.ref.load_state_dict(self.actor.state_dict())
-            self.ref.requires_grad_(False)
+        o = self.optim
+        self.actor, self.qnames = parts.policy(self.model_cfg, state, seed=self.seed, uaq_s=self.uaq_s)
+        self.opt = parts.optimizer(self.actor, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay,
+                                   group_lr_s=self.group_lr_s)
+        self.ref = parts.reference(self.actor, self.model_cfg) if self.algo.kl_coef > 0 else None
         self.critic = self.critic_opt = None
-        if cfg.algo.name == "ppo":
-            self.critic = Critic(self.model_cfg)
-            self.critic.trunk.load_state_dict(state)
-            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.algo.critic_lr, betas=betas)
-        self.engine = RolloutEngine(self.actor, self.scheme, kernels=self.kernels_executed,
-                                    bf16_kernels=self.bf16_kernels)
-        self.eval_engine = RolloutEngine(self.actor, QuantScheme(precision="fp32"))
-        self.sample_gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 1)
-        self.shuffle_gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 2)
+        if self.algo.name == "ppo":
+            self.critic, self.critic_opt = parts.critic(self.model_cfg, state, lr=self.algo.critic_lr, betas=o.betas)
+        self.engine, self.eval_engine = parts.engines(self.actor, self.scheme, kernels=self.kernels_executed,
+                                                      bf16_kernels=self.bf16_kernels)
+        self.sample_gen, self.shuffle_gen = parts.generators(self.seed)
         self.step = 0
         self.baseline_acc = None
 
@@ -165,16 +168,15 @@ class EmbeddedRun:
     # ---------------------------------------------------------------- pieces
     def _logprobs(self, model: Transformer, b: Batch, *, with_entropy: bool = False, aligned: bool = False):
         """log pi(token) under the trainer's forward (suite.embedded.actor.trainer_logprobs)."""
-        return trainer_logprobs(model, b, self.cfg.rollout.temperature, bf16=self.bf16, with_entropy=with_entropy,
+        return trainer_logprobs(model, b, self.rollout.temperature, bf16=self.bf16, with_entropy=with_entropy,
                                 aligned_scheme=self.scheme if aligned else None, qnames=self.qnames)
 
     def _generate(self, prompts: list, n_round: int) -> Batch:
-        cfg = self.cfg
-        G = cfg.algo.group_size
+        G = self.algo.group_size
         ids = [self.tokenizer.encode(ex.prompt) for ex in prompts for _ in range(G)]
         ro = self.engine.generate(
-            ids, max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p, stop_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
+            ids, max_new_tokens=self.rollout.max_new_tokens, temperature=self.rollout.temperature,
+            top_p=self.rollout.top_p, stop_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
             generator=self.sample_gen,
         )
         resp = ro.tokens[:, ro.response_start :]  # [N, R]
@@ -186,10 +188,10 @@ class EmbeddedRun:
         lengths = ro.response_len.long()
         ended = ro.response_mask.any(-1) & (resp.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1) == self.tokenizer.eos_id)
         scores = correct_t.clone()
-        if cfg.algo.overlong_buffer > 0:
+        if self.algo.overlong_buffer > 0:
             scores = scores + adv_fns.overlong_penalty(
-                lengths.float(), max_len=cfg.rollout.max_new_tokens, cache_len=cfg.algo.overlong_buffer,
-                penalty_factor=cfg.algo.overlong_penalty,
+                lengths.float(), max_len=self.rollout.max_new_tokens, cache_len=self.algo.overlong_buffer,
+                penalty_factor=self.algo.overlong_penalty,
             )
         return Batch(
             tokens=ro.tokens, attention_mask=ro.attention_mask, start=ro.response_start,
@@ -199,17 +201,16 @@ class EmbeddedRun:
 
     def _rollout(self, metrics: dict) -> Batch:
         """Sample this step's groups; DAPO dynamic sampling fills the batch with informative groups."""
-        cfg = self.cfg
-        P, G = cfg.rollout.prompts_per_step, cfg.algo.group_size
+        P, G = self.rollout.prompts_per_step, self.algo.group_size
         kept: list[Batch] = []
         n_kept, n_rounds, n_gen_groups, all_acc = 0, 0, 0, []
         while True:
-            rng = random.Random(f"{cfg.seed}-{self.step}-{n_rounds}")
+            rng = random.Random(f"{self.seed}-{self.step}-{n_rounds}")
             b = self._generate(rng.sample(self.train_pool, P), n_rounds)
             n_rounds += 1
             n_gen_groups += P
             all_acc.append(b.correct)
-            if not cfg.algo.dynamic_sampling:
+            if not self.algo.dynamic_sampling:
                 kept.append(b)
                 n_kept = P
                 break
@@ -219,63 +220,61 @@ class EmbeddedRun:
             if idx.numel():
                 kept.append(select_rows(b, idx))
                 n_kept += idx.numel() // G
-            if n_kept >= P or n_rounds > cfg.algo.max_resample_rounds:
+            if n_kept >= P or n_rounds > self.algo.max_resample_rounds:
                 break
         metrics["train/num_gen_batches"] = float(n_rounds)  # verl name for DAPO generation rounds
         metrics["train/acc"] = torch.cat(all_acc).mean().item()  # over every generated response
         if not kept:  # every group was all-correct or all-wrong: nothing to learn from this step
             return None
         batch = concat_batches(kept, self.tokenizer.pad_id)
-        if cfg.algo.dynamic_sampling and n_kept > P:
+        if self.algo.dynamic_sampling and n_kept > P:
             batch = select_rows(batch, torch.arange(P * G))
         metrics["train/kept_groups"] = float(min(n_kept, P))
         return batch
 
     def _advantages(self, b: Batch, metrics: dict):
-        cfg = self.cfg
         mask = b.response_mask
-        if cfg.algo.name == "ppo":
+        if self.algo.name == "ppo":
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
                 values = self.critic(b.tokens, b.attention_mask, b.start).float()  # [N, R]
             rewards = torch.zeros_like(mask)  # [N, R]: outcome reward on the last response token
             last = (b.lengths - 1).clamp(min=0)
             rewards[torch.arange(len(last)), last] = b.scores
-            advantages, returns = adv_fns.gae_advantages(rewards, values * mask, mask, gamma=cfg.algo.gamma,
-                                                         lam=cfg.algo.lam)
+            advantages, returns = adv_fns.gae_advantages(rewards, values * mask, mask, gamma=self.algo.gamma,
+                                                         lam=self.algo.lam)
             metrics["critic/values/mean"] = masked_mean(values, mask).item()
             return advantages, returns, values
-        G = cfg.algo.group_size
+        G = self.algo.group_size
         group_ids = torch.arange(len(b.scores)) // G  # [N]; groups are contiguous
-        return adv_fns.grpo_advantages(b.scores, group_ids, mask, norm_by_std=cfg.algo.norm_adv_by_std), None, None
+        return adv_fns.grpo_advantages(b.scores, group_ids, mask, norm_by_std=self.algo.norm_adv_by_std), None, None
 
     def _update(self, b: Batch, advantages, returns, old_values, prox_logp, ref_logp, metrics: dict) -> None:
-        cfg = self.cfg
         N = b.tokens.shape[0]
-        mb = max(1, N // cfg.train.minibatches)
-        mode = cfg.correction.mode
-        loss_params = {k: cfg.correction[k] for k in CORRECTIONS[mode].params}  # e.g. tis_cap for tis / acr
+        mb = max(1, N // self.optim.minibatches)
+        mode = self.correction.mode
+        loss_params = {k: getattr(self.correction, k) for k in CORRECTIONS[mode].params}  # e.g. tis_cap for tis / acr
         acc: dict[str, list[float]] = {}
-        for _ in range(cfg.train.epochs):
+        for _ in range(self.optim.epochs):
             perm = torch.randperm(N, generator=self.shuffle_gen)
             for i in range(0, N, mb):
                 idx = perm[i : i + mb]
                 sub = select_rows(b, idx)
                 mask = sub.response_mask
-                logp, ent = self._logprobs(self.actor, sub, with_entropy=True, aligned=cfg.correction.aligned_forward)
+                logp, ent = self._logprobs(self.actor, sub, with_entropy=True, aligned=self.correction.aligned_forward)
                 loss, stats = policy_loss(
                     logp, prox_logp[idx], b.behav_logp[idx], advantages[idx], mask, mode=mode,
-                    clip_low=cfg.algo.clip_low, clip_high=cfg.algo.clip_high, dual_clip=cfg.algo.dual_clip,
-                    agg=cfg.algo.agg, **loss_params,
+                    clip_low=self.algo.clip_low, clip_high=self.algo.clip_high, dual_clip=self.algo.dual_clip,
+                    agg=self.algo.agg, **loss_params,
                 )
                 total = loss
                 if self.ref is not None:
-                    kl = adv_fns.kl_estimate(logp, ref_logp[idx], cfg.algo.kl_estimator)  # [mb, R]
+                    kl = adv_fns.kl_estimate(logp, ref_logp[idx], self.algo.kl_estimator)  # [mb, R]
                     kl_loss = masked_mean(kl, mask)
-                    total = total + cfg.algo.kl_coef * kl_loss
+                    total = total + self.algo.kl_coef * kl_loss
                     acc.setdefault("actor/kl_loss", []).append(kl_loss.item())
                 self.opt.zero_grad(set_to_none=True)
                 total.backward()
-                gn = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.train.grad_clip)
+                gn = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), self.optim.grad_clip)
                 self.opt.step()
                 acc.setdefault("actor/pg_loss", []).append(loss.item())
                 acc.setdefault("actor/grad_norm", []).append(gn.item())
@@ -288,17 +287,17 @@ class EmbeddedRun:
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
                         v = self.critic(sub.tokens, sub.attention_mask, sub.start).float()
                     vloss, vstats = value_loss(v, old_values[idx], returns[idx], mask,
-                                               clip_range_value=cfg.algo.value_clip)
+                                               clip_range_value=self.algo.value_clip)
                     self.critic_opt.zero_grad(set_to_none=True)
                     vloss.backward()
-                    torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.train.grad_clip)
+                    torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.optim.grad_clip)
                     self.critic_opt.step()
                     acc.setdefault("critic/vf_loss", []).append(vloss.item())
                     for k, val in vstats.items():
                         acc.setdefault(k, []).append(float(val))
         for k, vals in acc.items():
             metrics[k] = sum(vals) / len(vals)
-        metrics["actor/lr"] = cfg.train.lr
+        metrics["actor/lr"] = self.optim.lr
 
     def _held_out_acc(self, samples: int, temperature: float, top_p: float, seed: int) -> float:
         """Mean verifier score over ``samples`` responses per held-out prompt (eval engine synced)."""
@@ -308,7 +307,7 @@ class EmbeddedRun:
         for i in range(0, len(examples), EVAL_BATCH):
             chunk = examples[i : i + EVAL_BATCH]
             ro = self.eval_engine.generate(
-                [self.tokenizer.encode(e.prompt) for e in chunk], max_new_tokens=self.cfg.rollout.max_new_tokens,
+                [self.tokenizer.encode(e.prompt) for e in chunk], max_new_tokens=self.rollout.max_new_tokens,
                 temperature=temperature, top_p=top_p, stop_id=self.tokenizer.eos_id,
                 pad_id=self.tokenizer.pad_id, generator=gen,
             )
@@ -321,24 +320,22 @@ class EmbeddedRun:
     def evaluate(self) -> float:
         """Held-out accuracy of the full-precision actor (greedy by default)."""
         self.eval_engine.sync(self.actor)
-        return self._held_out_acc(1, self.cfg.rollout.eval_temperature, 1.0, EVAL_SEED)
+        return self._held_out_acc(1, self.rollout.eval_temperature, 1.0, EVAL_SEED)
 
     @torch.no_grad()
     def evaluate_sampled(self) -> dict[str, float]:
         """avg@k of the full-precision actor: k = ``task.eval_samples`` samples per held-out prompt at
         the rollout's temperature and top_p, mean verifier score (QuRL's AIME avg@32; verl's mean@k).
         Empty when k = 0."""
-        cfg = self.cfg
-        k = cfg.task.eval_samples
+        k = self.eval_samples
         if k == 0:
             return {}
         self.eval_engine.sync(self.actor)
-        acc = self._held_out_acc(k, cfg.rollout.temperature, cfg.rollout.top_p, EVAL_SEED + 1)
-        return {f"val-core/{cfg.task.name}/acc/mean@{k}": acc}
+        acc = self._held_out_acc(k, self.rollout.temperature, self.rollout.top_p, EVAL_SEED + 1)
+        return {f"val-core/{self.task_name}/acc/mean@{k}": acc}
 
     def train_step(self) -> dict:
         """One RL step; returns its metrics."""
-        cfg = self.cfg
         m: dict[str, float] = {}
         t_step = time.perf_counter()
         m["timing_s/update_weights"] = self.engine.sync(self.actor)
@@ -362,7 +359,7 @@ class EmbeddedRun:
 
         t = time.perf_counter()
         with torch.no_grad():
-            prox_logp, _ = self._logprobs(self.actor, b, aligned=cfg.correction.aligned_forward)  # [N, R]
+            prox_logp, _ = self._logprobs(self.actor, b, aligned=self.correction.aligned_forward)  # [N, R]
         m["timing_s/old_log_prob"] = time.perf_counter() - t
         m.update(rollout_corr_metrics(prox_logp, b.behav_logp, mask))
         m.update(mismatch_ratio_metrics(prox_logp, b.behav_logp, mask))
@@ -401,7 +398,7 @@ class EmbeddedRun:
 
     def _run(self) -> dict:
         cfg = self.cfg
-        summary_path = os.path.join(self.run_dir, "summary.json")
+        summary_path = rundir.path(self.run_dir, rundir.SUMMARY_FILE)
         if os.path.exists(summary_path):
             with open(summary_path) as fh:
                 summary = json.load(fh)
@@ -409,7 +406,7 @@ class EmbeddedRun:
             return summary
         drop_corrupt = cfg.tracking.drop_corrupt_metrics
         # refused before the warm start: metrics that cannot be read are never deleted unasked
-        refuse_corrupt_jsonl(os.path.join(self.run_dir, "metrics.jsonl"), drop_corrupt)
+        refuse_corrupt_jsonl(rundir.path(self.run_dir, rundir.METRICS_FILE), drop_corrupt)
         self.build()
         resumed = ckpt.load_latest_checkpoint(self.run_dir)
         jsonl = JsonlLogger(self.run_dir)
@@ -425,7 +422,7 @@ class EmbeddedRun:
         logger = MultiLogger([jsonl, mlflow_logger])
         if self.step == 0:
             logger.log_params(OmegaConf.to_container(cfg, resolve=True))
-            cfg_path = os.path.join(self.run_dir, "config.yaml")
+            cfg_path = rundir.path(self.run_dir, rundir.CONFIG_FILE)
             OmegaConf.save(cfg, cfg_path, resolve=True)
             logger.log_artifact(cfg_path)
             t = time.perf_counter()
@@ -476,7 +473,7 @@ class EmbeddedRun:
             "tracking_uri": cfg.tracking.tracking_uri,
             "pruned": pruned,  # stopped early by on_eval; summary.json then keeps a re-run from resuming it
         }
-        logger.log_artifact(os.path.join(self.run_dir, "metrics.jsonl"))
+        logger.log_artifact(rundir.path(self.run_dir, rundir.METRICS_FILE))
         if pruned:
             logger.set_tags({"pruned": "true", "pruned_step": str(self.step)})
         logger.close("KILLED" if pruned else "FINISHED")
