@@ -424,7 +424,7 @@ def validate(cfg: DictConfig) -> None:
             cfg.quant.precision != "fp32",
             "correction.aligned_forward",
             "aligns the trainer with a low-bit rollout; quant.precision=fp32 has nothing to align. "
-            "Choose quant=bf16|int8|fp8|w4a16 or set correction.aligned_forward=false",
+            f"Choose quant={'|'.join(p for p in PRECISIONS if p != 'fp32')} or set correction.aligned_forward=false",
         )
     if cfg.algo.dynamic_sampling:
         _check(algo != "ppo", "algo.dynamic_sampling", "filters groups of G responses; not available with algo=ppo")
