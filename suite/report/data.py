@@ -453,11 +453,10 @@ def add_missing(runs: pd.DataFrame, expected: list[dict]) -> pd.DataFrame:
 
 
 def config_params(cfg) -> dict[str, str]:
-    """A run config as the MLflow params its run logs (flattened, stringified, cut to MLflow's
-    value limit, as `suite.tracking.loggers.MlflowLogger.log_params` does)."""
-    from omegaconf import OmegaConf
-
+    """A run config as the MLflow params its run logs (its semantic config flattened, stringified,
+    cut to MLflow's value limit, as `suite.tracking.loggers.MlflowLogger.log_params` does)."""
+    from suite.identity import semantic_config
     from suite.tracking.loggers import MAX_PARAM_VAL_LENGTH, flatten_params
 
-    flat = flatten_params(OmegaConf.to_container(cfg, resolve=True))
+    flat = flatten_params(semantic_config(cfg))
     return {str(k): str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in flat.items()}

@@ -24,7 +24,9 @@ def _reparse(args: argparse.Namespace, kind: str) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"suite {kind} FILE")
     _options(p, kind)
     p.add_argument("overrides", nargs="*")
-    return p.parse_intermixed_args(args.rest, namespace=args)
+    # a fresh namespace: parse_intermixed_args warns about (and mishandles) a positional already set
+    fresh = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "overrides"})
+    return p.parse_intermixed_args(args.rest, namespace=fresh)
 
 
 def _load(args: argparse.Namespace):
@@ -82,7 +84,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from suite.sweep.parent import parent_run, set_parent_status
+    """Reads only: the cells' states, and a hint when the parent run has not recorded the end."""
+    from suite.sweep.parent import parent_status
     from suite.sweep.spec import SweepError
     from suite.sweep.states import cell_states, print_states
 
@@ -91,8 +94,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         states = cell_states(sweep)
         print(f"sweep {sweep.name} ({sweep.path}); state {sweep.state_dir}")
         print_states(states)
-        if all(s.state == "done" for s in states) and parent_run(sweep, create=False):
-            set_parent_status(sweep, "FINISHED")
+        if all(s.state == "done" for s in states) and parent_status(sweep) == "RUNNING":
+            # a `--no-wait` SLURM sweep: its driver returned before the end; the next one records it
+            print(f"every cell is done; `suite sweep {args.file}` marks the MLflow parent run FINISHED")
     except SweepError as exc:  # a damaged state file, named
         print(f"suite status: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from suite.identity import run_name
 from suite.sweep.executors import make_executor
 from suite.sweep.guard import Driver, record_cancelled, sweep_targets
 from suite.sweep.parent import log_parent_artifacts, parent_run, set_parent_status
@@ -54,12 +55,13 @@ def _submit(sweep: Sweep, executor, cells: list[Cell], parent_id: str) -> dict[i
     jobs = []
     if len(cells) == 1:
         c = cells[0]
-        jobs = [executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id, _cell_tags(sweep, c), uri)]
+        jobs = [executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id, _cell_tags(sweep, c), uri,
+                                run_name(c.cfg, c.axes))]
     else:
         with executor.batch():
             for c in cells:
                 jobs.append(executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id,
-                                            _cell_tags(sweep, c), uri))
+                                            _cell_tags(sweep, c), uri, run_name(c.cfg, c.axes)))
     launcher = "local" if type(executor).__name__ == "LocalExecutor" else "slurm"
     path = Path(sweep.state_dir) / JOBS_FILE
     for c, j in zip(cells, jobs):

@@ -306,6 +306,8 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
                 "number": trial_number, "trial_id": trial_id, "overrides": overrides, "param_overrides": param_ov,
                 "run_dir": trial_dir(spec, trial_number), "parent_run_id": parent,
                 "tags": {STUDY_TAG: spec.study, TRIAL_TAG: str(trial_number)}, "metric": spec.objective.metric,
+                # the runs table tells trials apart by what was searched
+                "run_name": f"{spec.study} trial {trial_number}: {_fmt_params(params)}",
             }
             return executor.submit(trial_job, payload)
 

@@ -49,7 +49,7 @@ def run_trial(payload: dict) -> dict:
     """Run one trial; returns {number, pruned, value, step, mlflow_run_id, run_dir, final_acc}.
 
     ``payload``: study, storage (URL), pruner (PrunerSpec fields), number, trial_id, overrides
-    (Hydra), run_dir (absolute), parent_run_id, tags, metric (objective key).
+    (Hydra), run_dir (absolute), parent_run_id, tags, metric (objective key), run_name (MLflow; optional).
     """
     import optuna
 
@@ -58,7 +58,8 @@ def run_trial(payload: dict) -> dict:
     from suite.tune.study import build_pruner
 
     n = payload["number"]
-    cfg = compose_cell(payload["overrides"], parent_run_id=payload["parent_run_id"], tags=payload["tags"])
+    cfg = compose_cell(payload["overrides"], parent_run_id=payload["parent_run_id"], tags=payload["tags"],
+                       run_name=payload.get("run_name"))
     run_dir = payload["run_dir"]
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, TRIAL_LOCK_FILE), "w") as lock:

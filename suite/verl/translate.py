@@ -105,7 +105,9 @@ def loss_env(cfg: DictConfig) -> dict[str, str]:
 
 def mlflow_names(cfg: DictConfig) -> tuple[str, str]:
     """(experiment, run name): verl's ``trainer.project_name`` / ``trainer.experiment_name``."""
-    return cfg.tracking.experiment, (cfg.tracking.run_name or run_id(cfg))
+    from suite.identity import run_name
+
+    return cfg.tracking.experiment, (cfg.tracking.run_name or run_name(cfg))
 
 
 def default_run_dir(cfg: DictConfig) -> str:

@@ -102,12 +102,17 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
     assert {r.data.tags["seed"] for r in children} == {"0", "1", "2"}  # axes as tags
     for r in children:
         assert r.info.status == "FINISHED"
+        # the name shows the cell's axes; the tags say which job ran it and where its log is
+        assert r.info.run_name.endswith(f"-8steps-lr3e-05-seed{r.data.tags['seed']}"), r.info.run_name
+        assert Path(r.data.tags["job_log"]).is_file() and "slurm_job_id" not in r.data.tags
         hist = [m.step for m in client.get_metric_history(r.info.run_id, "train/acc")]
         assert sorted(hist) == list(range(1, 9)), (r.data.tags["cell"], hist)
     arts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"sweep.yaml", "matrix.json", "matrix.csv"} <= arts
 
-    # a finished sweep, re-run: nothing submitted, no new MLflow run
+    # a finished sweep, re-run, and its status: nothing submitted, no new MLflow run, the parent's
+    # end time as the sweep wrote it
+    end_time = parents[0].info.end_time
     again = subprocess.run([*SUITE, "sweep", str(path)], capture_output=True, text=True, env=child_env(),
                            cwd=tmp_path, timeout=300)
     assert again.returncode == 0, again.stderr
@@ -117,3 +122,4 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
     status = subprocess.run([*SUITE, "status", str(path)], capture_output=True, text=True, env=child_env(),
                             cwd=tmp_path, timeout=300)
     assert status.returncode == 0 and "done 3  (of 3)" in status.stdout, status.stdout
+    assert client.get_run(parents[0].info.run_id).info.end_time == end_time

@@ -84,6 +84,8 @@ def test_job_array_with_a_failing_cell_lands_in_mlflow(slurm_cluster, tmp_path, 
         assert r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id and r.data.tags["sweep"] == "arr"
         assert r.info.run_name == "$(touch pwned)"  # literal: no shell ever saw it
         assert r.data.tags["note"] == f"; rm -rf {canary}"
+        assert r.data.tags["slurm_job_id"] in {j["job_id"] for j in jobs}  # the array task that ran it
+        assert Path(r.data.tags["job_log"]).is_file()
     assert canary.is_dir() and not list(tmp_path.rglob("pwned"))
     script = next((state / "submitit").glob("*_submission.sh")).read_text()
     assert "touch" not in script and "rm -rf" not in script  # the cell travels as a pickle
