@@ -1,6 +1,6 @@
 """`suite report`: regenerate the papers' tables and figures from tracked runs.
 
-    suite report experiments/main.yaml                # a sweep: its parent run's children, missing cells shown
+    suite report experiments/main_table.yaml          # a sweep: its parent run's children, missing cells shown
     suite report --experiment suite                   # every run of an MLflow experiment
     suite report --runs "tags.precision = 'int8'"     # an MLflow filter (with or without --experiment)
     suite report --parent RUN_ID                      # the children of any parent run (a sweep, a study)

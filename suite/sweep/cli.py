@@ -1,4 +1,13 @@
-"""`suite sweep FILE`, `suite status FILE`, `suite cancel FILE` (registered in suite.cli._PLUGINS).
+"""`suite sweep FILE`, `suite status FILE`, `suite cancel FILE` (registered in suite.cli);
+HELP is what `suite sweep|status|cancel -h` shows."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+HELP = """Run a sweep file's matrix of runs, show its state, or cancel it.
 
     suite sweep experiments/quickstart.yaml --dry-run        # the expanded matrix; submits nothing
     suite sweep experiments/quickstart.yaml                  # run it here (bounded concurrency), wait
@@ -8,14 +17,9 @@
 
 Arguments after FILE are Hydra overrides for every cell, except `launcher=local|slurm`,
 `launcher.<field>=...`, `cluster=<profile>` and `resources.<field>=...`, which configure the
-sweep (`--launcher`, `--profile`, `--max-parallel` are the same as flags).
+sweep (`--launcher`, `--profile`, `--max-parallel` are the same as flags). Re-running a sweep
+skips finished cells and resumes interrupted ones; docs/sweeps.md has the file format.
 """
-
-from __future__ import annotations
-
-import argparse
-import shlex
-import sys
 
 
 def _reparse(args: argparse.Namespace, kind: str) -> argparse.Namespace:
@@ -121,7 +125,7 @@ def register(subparsers) -> None:
              ("status", cmd_status, "state of each cell of a sweep"),
              ("cancel", cmd_cancel, "cancel a sweep's queued and running jobs"))
     for name, func, text in verbs:
-        p = subparsers.add_parser(name, help=text, description=__doc__,
+        p = subparsers.add_parser(name, help=text, description=HELP,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         _options(p, name)
         p.add_argument("file", help="sweep file, e.g. experiments/quickstart.yaml (status/cancel: with the "
