@@ -47,7 +47,7 @@ def _load(args: argparse.Namespace):
     if getattr(args, "max_cells", None) is not None:
         extra.append(f"launcher.max_cells={args.max_cells}")
     try:
-        return load_sweep(args.file, extra)
+        return load_sweep(args.file, extra, recorded=args.kind == "status")  # status reads the launch's record
     except SweepError as exc:
         print(f"suite: bad sweep: {exc}", file=sys.stderr)
         sys.exit(2)

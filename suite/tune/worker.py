@@ -16,13 +16,16 @@ the re-submitted one waits for it, then reads its result.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import math
 import os
 import time
+from pathlib import Path
 
 from suite.sweep.job import ResumableJob
 from suite.tracking.rundir import METRICS_FILE, TRIAL_LOCK_FILE
+from suite.tune.spec import TuneSpecError
 
 
 def last_metric(run_dir: str, key: str) -> tuple[float | None, int | None]:
@@ -34,6 +37,27 @@ def last_metric(run_dir: str, key: str) -> tuple[float | None, int | None]:
         if key in entry["metrics"]:
             value, step = float(entry["metrics"][key]), int(entry["step"])
     return value, step
+
+
+def _sqlite_path(url: str) -> Path | None:
+    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:////") else None
+
+
+@contextlib.contextmanager
+def driver_lock(storage_url: str):
+    """One `suite tune` per sqlite study file at a time (the kernel drops the lock when its
+    holder dies, even by SIGKILL). Other RDB URLs: one driver per study is the user's rule."""
+    path = _sqlite_path(storage_url)
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(path) + ".lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TuneSpecError(f"storage: another `suite tune` is driving {path} (lock {path}.lock is held)") from None
+        yield
 
 
 def open_storage(url: str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
     uri, runs = sweep_env
     path = write_sweep(tmp_path / "kill.yaml", {
         "name": "kill", "base": [*TINY, "steps=8", "ckpt_every=2", f"out_dir={runs}"],
-        "matrix": {"seed": [0, 1, 2]}, "launcher": {"max_parallel": 2, "poll_s": 0.5}})
+        "matrix": {"seed": [0, 1, 2]}, "launcher": {"max_parallel": 2, "poll_s": 0.5, "progress_s": 1}})
     proc = subprocess.Popen([*SUITE, "sweep", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=child_env(), cwd=tmp_path, start_new_session=True)
     killed_at = None
@@ -76,6 +77,10 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
                          cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{len(done_before)} done" in out.stdout.splitlines()[0]
+    # without a terminal, the aggregate every progress_s between the cells' own lines
+    agg = re.findall(r"^sweep kill: (\d)/3 done, (\d) running, 0 failed, (\d) queued \| [\d.]+ min elapsed(, ETA [\d.]+ min)?$",
+                     out.stdout, flags=re.M)
+    assert agg and any(eta for *_, eta in agg), out.stdout
     jobs = [json.loads(x) for x in (state / "jobs.jsonl").read_text().splitlines()]
     new = jobs[len(jobs_before):]
     resubmitted = {j["run_id"] for j in new}
