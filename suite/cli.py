@@ -48,6 +48,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.cfg in ("job", "all"):
             print(OmegaConf.to_yaml(cfg, resolve=True), end="")
         if args.cfg in ("hydra", "all"):
+            from suite.hydra_compat import hydra_config_yaml
+
             print(hydra_config_yaml(overrides), end="")
         return 0
     rid = run_id(cfg)
@@ -105,34 +107,6 @@ def _refuse_multirun(multirun: bool, overrides: list[str]) -> None:
         sys.exit(2)
 
 
-def hydra_config_yaml(overrides: list[str]) -> str:
-    """Hydra's own config for these overrides (`--cfg hydra`), as Hydra prints it: unresolved,
-    under `hydra:`. `hydra.runtime.choices` is the option chosen in each config group."""
-    from hydra import compose, initialize
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize(version_base="1.3", config_path=None, job_name="suite"):
-        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
-    GlobalHydra.instance().clear()
-    return ("# suite composes its config with Hydra but runs no Hydra app: these settings are Hydra's\n"
-            "# defaults and the chosen options (runtime.choices); hydra.* overrides are refused.\n"
-            + OmegaConf.to_yaml({"hydra": OmegaConf.to_container(cfg.hydra, resolve=False)}))
-
-
-def config_groups() -> dict[str, list[str]]:
-    """Each config group and its options, as Hydra's config loader lists them (`suite run -h`)."""
-    from hydra import initialize
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize(version_base="1.3", config_path=None, job_name="suite"):
-        loader = GlobalHydra.instance().config_loader()
-        groups = {g: loader.get_group_options(g) for g in sorted(loader.list_groups("")) if g != "hydra"}
-    GlobalHydra.instance().clear()
-    return groups
-
-
 RUN_HELP = """Run one experiment: compose the config from Hydra overrides, train, log to MLflow.
 
     suite run                                        # the default: INT8 rollout, ACR, UAQ s=1.5, GRPO
@@ -155,6 +129,8 @@ class _RunHelp(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         parser.print_help()
         print("\nconfig groups (GROUP=OPTION; then any key, e.g. uaq.s=1.0, as `--cfg job` prints them):")
+        from suite.hydra_compat import config_groups
+
         for group, options in config_groups().items():
             print(f"  {group:<11} {' | '.join(options)}")
         parser.exit()

@@ -23,6 +23,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from suite import regimes
+from suite.hydra_compat import hydra_refusal
 from suite.core.losses import CORRECTIONS as _LOSS_REGISTRY
 from suite.core.losses import TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP
 from suite.core.quant import FP8_GRANULARITIES, PRECISIONS  # noqa: F401  (PRECISIONS: the quantizer registry)
@@ -481,20 +482,6 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list:
         _check(not o.is_hydra_override(), f"override {line!r}", hydra_refusal(o.key_or_group))
         parsed.append(o)
     return parsed
-
-
-def hydra_refusal(key: str) -> str:
-    """Why a `hydra.*` (or `hydra/...`) override is refused, and what does its job here: the suite
-    composes its config with Hydra but runs no Hydra app, so Hydra's runner settings would be ignored."""
-    if key.startswith(("hydra.run.dir", "hydra.sweep.dir")):
-        hint = "out_dir=DIR puts the run in DIR/<run_id>"
-    elif key.startswith("hydra.job.chdir"):
-        hint = "the suite never changes the working directory; out_dir=DIR says where runs go"
-    elif key.startswith(("hydra/launcher", "hydra/sweeper", "hydra.launcher", "hydra.sweeper")):
-        hint = "several runs are a sweep file run by `suite sweep FILE` (launcher=local|slurm)"
-    else:
-        hint = "suite runs no Hydra app; its config is every key `suite run --cfg job` prints"
-    return f"Hydra's runner keys (hydra.*) are not used by suite: {hint}"
 
 
 def check_override_types(cfg: DictConfig, parsed: list) -> None:

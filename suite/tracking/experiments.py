@@ -82,14 +82,21 @@ def context_tags(source_name: str | None = None) -> dict[str, str]:
     MLflow's own providers (`mlflow.tracking.context.registry.resolve_tags`, what `mlflow.start_run`
     calls) supply the user and source type; its git provider looks at `sys.argv[0]`, which for the
     `suite` console script or a submitit job is outside any checkout, so the commit is looked up
-    from the suite package's directory, then the working directory."""
-    from mlflow.tracking.context.git_context import GitRunContext
-    from mlflow.tracking.context.registry import resolve_tags
-
-    tags = {str(k): str(v) for k, v in resolve_tags(ignore=[GitRunContext]).items()}
-    tags[SOURCE_NAME_TAG] = source_name or suite_command()
+    from the suite package's directory, then the working directory. These helpers are MLflow's
+    plugin-facing modules, not its client API: where a version lacks them, the user and source
+    type are set here and the commit is left out."""
     package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    tags.update(_git_tags((package_dir, os.getcwd())))
+    try:
+        from mlflow.tracking.context.git_context import GitRunContext
+        from mlflow.tracking.context.registry import resolve_tags
+
+        tags = {str(k): str(v) for k, v in resolve_tags(ignore=[GitRunContext]).items()}
+        tags.update(_git_tags((package_dir, os.getcwd())))
+    except ImportError:
+        import getpass
+
+        tags = {"mlflow.user": getpass.getuser(), "mlflow.source.type": "LOCAL"}
+    tags[SOURCE_NAME_TAG] = source_name or suite_command()
     return tags
 
 
