@@ -43,7 +43,10 @@ from suite.tracking.rundir import RUN_FILE, read_summary
 
 
 def _cell_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:
-    return {"sweep": sweep.name, "cell": str(cell.index)}
+    from suite.tracking.experiments import SOURCE_NAME_TAG, suite_command
+
+    # the job's own argv is submitit's; the command that made the run is this driver's
+    return {"sweep": sweep.name, "cell": str(cell.index), SOURCE_NAME_TAG: suite_command()}
 
 
 def _submit(sweep: Sweep, executor, cells: list[Cell], parent_id: str) -> dict[int, object]:

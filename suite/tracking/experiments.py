@@ -53,7 +53,7 @@ def suite_command(argv: list[str] | None = None) -> str:
     if not argv or not argv[0]:
         return "<console>"
     head = os.path.basename(argv[0])
-    if head == "suite" or argv[0].endswith(os.path.join("suite", "__main__.py")):
+    if head == "suite" or argv[0].endswith((os.path.join("suite", "__main__.py"), os.path.join("suite", "cli.py"))):
         return " ".join(["suite", *argv[1:]])[:500]
     return argv[0]
 

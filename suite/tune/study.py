@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from suite.tracking.experiments import SOURCE_NAME_TAG, suite_command
 from suite.tracking.rundir import recorded_mlflow_run_id
 from suite.tune.spec import LauncherSpec, ParamSpec, PrunerSpec, SamplerSpec, TuneSpec, TuneSpecError
 from suite.tune.worker import driver_lock, trial_job
@@ -282,7 +283,8 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
                 "study": spec.study, "storage": storage_url, "pruner": asdict(spec.pruner),
                 "number": trial_number, "trial_id": trial_id, "overrides": overrides, "param_overrides": param_ov,
                 "run_dir": trial_dir(spec, trial_number), "parent_run_id": parent,
-                "tags": {STUDY_TAG: spec.study, TRIAL_TAG: str(trial_number)}, "metric": spec.objective.metric,
+                "tags": {STUDY_TAG: spec.study, TRIAL_TAG: str(trial_number), SOURCE_NAME_TAG: suite_command()},
+                "metric": spec.objective.metric,
                 # the runs table tells trials apart by what was searched
                 "run_name": f"{spec.study} trial {trial_number}: {_fmt_params(params)}",
             }

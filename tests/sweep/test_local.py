@@ -110,6 +110,7 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
         # the name shows the cell's axes; the tags say which job ran it and where its log is
         assert r.info.run_name.endswith(f"-8steps-lr3e-05-seed{r.data.tags['seed']}"), r.info.run_name
         assert Path(r.data.tags["job_log"]).is_file() and "slurm_job_id" not in r.data.tags
+        assert r.data.tags["mlflow.source.name"] == f"suite sweep {path}"  # the driver's command, not submitit's
         hist = [m.step for m in client.get_metric_history(r.info.run_id, "train/acc")]
         assert sorted(hist) == list(range(1, 9)), (r.data.tags["cell"], hist)
     arts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}

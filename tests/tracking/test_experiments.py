@@ -71,6 +71,7 @@ def test_outside_any_checkout_there_is_no_commit_tag(tmp_path, monkeypatch):
 @pytest.mark.parametrize("argv, want", [
     (["/venv/bin/suite", "run", "quant=fp8"], "suite run quant=fp8"),
     (["/repo/suite/__main__.py", "sweep", "experiments/quickstart.yaml"], "suite sweep experiments/quickstart.yaml"),
+    (["/repo/suite/cli.py", "tune", "t.yaml"], "suite tune t.yaml"),  # python -m suite.cli
     (["/x/train.py", "--lr", "1"], "/x/train.py"),
     ([], "<console>"),
 ])
