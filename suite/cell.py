@@ -43,12 +43,13 @@ def open_mlflow_run(cfg: DictConfig, run_dir: str, *, tags: Mapping[str, str] | 
                     run_name: str | None = None, catch_up: bool = True):
     """The `MlflowLogger` of the cell in `run_dir`: the run recorded there, else a new child of
     `tracking.parent_run_id` tagged with `run_tags(cfg, tags)`, named `tracking.run_name`, else
-    `run_name`, else the run dir's name. See `MlflowLogger.for_run_dir` for `catch_up`."""
+    `run_name`, else `suite.identity.run_name(cfg)`. See `MlflowLogger.for_run_dir` for `catch_up`."""
+    from suite.identity import run_name as default_name
     from suite.tracking.loggers import MlflowLogger
 
     t = cfg.tracking
     return MlflowLogger.for_run_dir(
-        run_dir, t.tracking_uri, t.experiment, t.run_name or run_name or os.path.basename(run_dir),
+        run_dir, t.tracking_uri, t.experiment, t.run_name or run_name or default_name(cfg),
         tags=run_tags(cfg, tags), parent_run_id=t.parent_run_id or None, catch_up=catch_up,
     )
 
@@ -83,11 +84,30 @@ def write_error(run_dir: str, tb: str) -> None:
         pass  # an unwritable run dir: submitit's result pickle still has the traceback
 
 
+def job_tags() -> dict[str, str]:
+    """Where this launcher job runs, as MLflow tags: `slurm_job_id` (`<array>_<index>` for an array
+    task) and `job_log` (submitit's stdout file; stderr sits beside it with `_log.err`), from
+    submitit's public `JobEnvironment`; none outside a submitit job."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return {}
+    import submitit
+
+    try:
+        env = submitit.JobEnvironment()
+        tags = {"job_log": str(env.paths.stdout)}
+    except RuntimeError:  # an executor submitit has no environment for
+        return {}
+    if os.environ["SUBMITIT_EXECUTOR"] == "slurm":
+        tags["slurm_job_id"] = str(env.job_id)
+    return tags
+
+
 def compose_cell(overrides: list[str], *, parent_run_id: str | None = None, tags: Mapping[str, object] | None = None,
-                 tracking_uri: str | None = None) -> DictConfig:
+                 tracking_uri: str | None = None, run_name: str | None = None) -> DictConfig:
     """The config of a launcher job's cell: its overrides composed (they travel pickled in
     submitit's job file, never through a shell), made an MLflow child of `parent_run_id` with
-    `tags` (not part of the run id), on `tracking_uri` when given."""
+    `tags` and `job_tags()` (not part of the run id), on `tracking_uri` and named `run_name` when
+    given (an explicit `tracking.run_name` override wins)."""
     from omegaconf import open_dict
 
     from suite.config import compose_config
@@ -95,9 +115,11 @@ def compose_cell(overrides: list[str], *, parent_run_id: str | None = None, tags
     cfg = compose_config(list(overrides))
     if tracking_uri:
         cfg.tracking.tracking_uri = tracking_uri
+    if run_name and not cfg.tracking.run_name:
+        cfg.tracking.run_name = run_name
     cfg.tracking.parent_run_id = parent_run_id or ""
     with open_dict(cfg.tracking.tags):  # a Dict[str, str] field: closed in struct mode
-        for k, v in (tags or {}).items():
+        for k, v in {**(tags or {}), **job_tags()}.items():
             cfg.tracking.tags[str(k)] = str(v)
     if cfg.threads == 0 and os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
         # the allocation, not the node: torch would otherwise use every core it sees

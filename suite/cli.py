@@ -1,13 +1,15 @@
-"""`suite` command line: one verb, one thin entry point.
+"""suite: RL of a small language model with a quantized rollout actor (QuRL / QaRL).
 
-    suite run [HYDRA_OVERRIDES...]      # e.g. suite run quant=int8 correction=acr uaq.s=1.5 algo=dapo seed=1
-    suite run --cfg [OVERRIDES...]      # print the resolved config and exit (Hydra's --cfg job)
-    suite sync RUN_DIR                  # re-send a run's JSONL metrics to MLflow after an outage
+    suite run quant=int8 correction=acr uaq.s=1.5 algo=dapo seed=1   # one experiment
+    suite run --cfg job quant=fp8         # print the resolved config and exit (Hydra's --cfg)
+    suite sweep experiments/quickstart.yaml --dry-run   # a matrix of runs (see `suite sweep -h`)
+    suite sync runs/RUN_ID                # re-send a run's metrics to MLflow after an outage
 
-Further verbs (sweep, status, cancel, report, bench, tune, uaq) live in their own packages;
-each exposes `register(subparsers)` and is listed in `_PLUGINS`, imported lazily so that
-`suite run` never pays for pandas or Optuna.
+`suite VERB -h` explains each verb.
 """
+
+# Further verbs (sweep, status, cancel, report, bench, tune, uaq) live in their own packages; each
+# exposes `register(subparsers)` and is listed in `_PLUGINS`.
 
 from __future__ import annotations
 
@@ -36,9 +38,19 @@ def _compose_or_exit(overrides: list[str]):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = _compose_or_exit(args.overrides)
+    overrides = list(args.overrides)
+    if args.cfg is not None and args.cfg not in CFG_PARTS:  # `--cfg quant=int8`: --cfg job, then an override
+        overrides.insert(0, args.cfg)
+        args.cfg = "job"
+    _refuse_multirun(args.multirun, overrides)
+    cfg = _compose_or_exit(overrides)
     if args.cfg:
-        print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+        if args.cfg in ("job", "all"):
+            print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+        if args.cfg in ("hydra", "all"):
+            from suite.hydra_compat import hydra_config_yaml
+
+            print(hydra_config_yaml(overrides), end="")
         return 0
     rid = run_id(cfg)
     run_dir = os.path.join(cfg.out_dir, rid)
@@ -73,6 +85,57 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+CFG_PARTS = ("job", "hydra", "all")
+
+
+def _refuse_multirun(multirun: bool, overrides: list[str]) -> None:
+    """Hydra's `-m` and `key=a,b` sweeps: `suite run` runs one experiment; a matrix is a sweep file,
+    run by the suite's launcher (resumable, one MLflow parent run, local or SLURM)."""
+    from suite.config import parse_overrides
+
+    sweeps = []
+    if not multirun:
+        try:
+            sweeps = [o.input_line for o in parse_overrides(overrides) if o.is_sweep_override()]
+        except ConfigError:
+            return  # compose names the bad override
+    if multirun or sweeps:
+        what = "-m/--multirun" if multirun else f"the sweep override {sweeps[0]!r}"
+        print(f"suite run: {what}: `suite run` runs one experiment. For several, write a sweep file "
+              f"(matrix: {{seed: [0, 1]}}) and run `suite sweep FILE`; experiments/quickstart.yaml is one, "
+              f"docs/sweeps.md the format.", file=sys.stderr)
+        sys.exit(2)
+
+
+RUN_HELP = """Run one experiment: compose the config from Hydra overrides, train, log to MLflow.
+
+    suite run                                        # the default: INT8 rollout, ACR, UAQ s=1.5, GRPO
+    suite run quant=fp8 correction=tis uaq.s=1.0 algo=dapo seed=1
+    suite run --cfg job quant=w4a16 correction=tbpo  # print the resolved config; run nothing
+    suite run --cfg hydra                            # Hydra's config and the chosen group options
+
+A run goes to <out_dir>/<run_id> (out_dir=runs); running the same command again resumes it.
+Several runs (Hydra's -m, key=a,b) are a sweep file: `suite sweep FILE`.
+"""
+
+
+class _RunHelp(argparse.Action):
+    """`suite run -h`: the usage, then each config group and its options (composing them costs a
+    Hydra initialisation, so only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.print_help()
+        print("\nconfig groups (GROUP=OPTION; then any key, e.g. uaq.s=1.0, as `--cfg job` prints them):")
+        from suite.hydra_compat import config_groups
+
+        for group, options in config_groups().items():
+            print(f"  {group:<11} {' | '.join(options)}")
+        parser.exit()
+
+
 def cmd_sync(args: argparse.Namespace) -> int:
     from suite.tracking.loggers import resync_cli
 
@@ -82,13 +145,18 @@ def cmd_sync(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="suite", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p_run = sub.add_parser("run", help="run one experiment (Hydra overrides as arguments)")
-    p_run.add_argument("--cfg", action="store_true", help="print the resolved config and exit")
+    p_run = sub.add_parser("run", help="run one experiment (Hydra overrides as arguments)", add_help=False,
+                           description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p_run.add_argument("-h", "--help", action=_RunHelp, help="show this help and the config groups, and exit")
+    p_run.add_argument("--cfg", nargs="?", const="job", metavar="{job,hydra,all}",
+                       help="print the config and exit: job (the run's, the default), hydra (Hydra's), all")
+    p_run.add_argument("-m", "--multirun", action="store_true",
+                       help="refused: several runs are a sweep file (`suite sweep FILE`)")
     p_run.add_argument("--no-progress", action="store_true", help="periodic lines instead of a progress bar")
     p_run.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. quant=fp8 uaq.s=1.0 seed=2")
     p_run.set_defaults(func=cmd_run)
     p_sync = sub.add_parser("sync", help="re-send a run's metrics.jsonl to MLflow (idempotent)")
-    p_sync.add_argument("run_dir")
+    p_sync.add_argument("run_dir", help="the run's directory, e.g. runs/grpo-int8-acr-s1.5-arith-seed0-68ac4b1688")
     p_sync.add_argument("--tracking-uri", default=None, help="default: the one the run used")
     p_sync.set_defaults(func=cmd_sync)
     for module in _PLUGINS:
@@ -97,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Modules that add verbs: each defines `register(subparsers)` which calls `add_parser` and
-# `set_defaults(func=...)`; heavy imports belong inside the verb's function, not at module top.
+# `set_defaults(func=...)`; heavy imports belong inside the verb's function, so `suite run` never
+# pays for pandas or Optuna.
 _PLUGINS: tuple[str, ...] = (
     "suite.verl.uaq_cli",
     "suite.sweep.cli",

@@ -23,6 +23,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from suite import regimes
+from suite.hydra_compat import hydra_refusal
 from suite.core.losses import CORRECTIONS as _LOSS_REGISTRY
 from suite.core.losses import TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP
 from suite.core.quant import FP8_GRANULARITIES, PRECISIONS  # noqa: F401  (PRECISIONS: the quantizer registry)
@@ -478,6 +479,7 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list:
                 f"override {line!r} does not parse ({reason[-2] if len(reason) > 1 else reason[0]}); values with "
                 "shell or grammar characters need quotes, e.g. 'key=\"a value\"'") from None
         _check(bool(o.key_or_group), f"override {line!r}", "has no key before '='")
+        _check(not o.is_hydra_override(), f"override {line!r}", hydra_refusal(o.key_or_group))
         parsed.append(o)
     return parsed
 

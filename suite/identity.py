@@ -13,8 +13,9 @@ import json
 
 from omegaconf import DictConfig, OmegaConf
 
-# Keys that change where results go or how fast they arrive, not what is computed.
-_NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir")
+# Keys that change where results go or how fast they arrive, not what is computed: left out of
+# the run id's hash and of the MLflow params (docs/architecture.md, "MLflow experiments and runs").
+NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir")
 
 
 def resolve_hardware(cfg: DictConfig) -> None:
@@ -42,15 +43,22 @@ def hardware_pins(cfg: DictConfig) -> list[str]:
             f"quant.bf16_kernels={cfg.quant.bf16_kernels}"]
 
 
-def _semantic_digest(cfg: DictConfig, drop: tuple[str, ...] = ()) -> str:
-    """sha256 prefix of the resolved config without its non-semantic keys (and ``drop``)."""
+def semantic_config(cfg: DictConfig, drop: tuple[str, ...] = ()) -> dict:
+    """The resolved config without its non-semantic keys (and ``drop``): what the run id hashes
+    and what a run logs as its MLflow params."""
     data = OmegaConf.to_container(cfg, resolve=True)
-    for key in _NON_SEMANTIC + drop:
+    for key in NON_SEMANTIC + drop:
         node = data
         *parents, leaf = key.split(".")
         for p in parents:
             node = node.get(p, {})
         node.pop(leaf, None)
+    return data
+
+
+def _semantic_digest(cfg: DictConfig, drop: tuple[str, ...] = ()) -> str:
+    """sha256 prefix of the resolved config without its non-semantic keys (and ``drop``)."""
+    data = semantic_config(cfg, drop)
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
@@ -102,3 +110,22 @@ def axes(cfg: DictConfig) -> dict[str, str]:
 def axes_label(cfg: DictConfig) -> str:
     a = axes(cfg)
     return f"{a['algo']}-{a['precision']}-{a['correction']}-s{a['uaq_s']}-{a['task']}-seed{a['seed']}"
+
+
+# Override keys whose value `run_name` always shows (so a sweep axis over them adds nothing).
+_NAMED_KEYS = frozenset({"backend", "backend.name", "quant", "quant.precision", "correction", "correction.mode",
+                         "correction.aligned_forward", "uaq.s", "algo", "algo.name", "task", "task.name", "model",
+                         "model.preset", "steps", "train.lr", "seed"})
+
+
+def run_name(cfg: DictConfig, varying: dict[str, str] | None = None) -> str:
+    """The MLflow run name (docs/sweeps.md, "What MLflow shows"): the axes, model, steps and
+    learning rate, then `key=value` for each other axis in `varying` (a sweep's matrix values of
+    this cell), so runs that differ read differently in the runs table. Not an id: the `run_id`
+    tag is. `tracking.run_name` overrides it."""
+    a = axes(cfg)
+    parts = [] if a["backend"] == "embedded" else [a["backend"]]
+    parts += [a["algo"], a["precision"], a["correction"] + ("+aligned" if a["aligned_forward"] == "true" else ""),
+              f"s{a['uaq_s']}", a["task"], a["model"], f"{cfg.steps}steps", f"lr{cfg.train.lr:g}", f"seed{a['seed']}"]
+    extra = [f"{k.lstrip('+')}={v}" for k, v in (varying or {}).items() if k.lstrip("+") not in _NAMED_KEYS]
+    return " ".join(["-".join(parts), *extra])

@@ -8,9 +8,11 @@
 
 Every ratio is measured side by side in one process, interleaved, after warm-up, median of
 repeats; each benchmark prints a table (or `--json` rows) and logs one MLflow run with the
-table as an artifact. This module imports nothing heavy: each subcommand imports torch and
-friends inside its function, and `suite/bench/gpu.py` runs standalone with torch alone.
+table as an artifact. `suite bench gpu` also runs without the suite installed:
+`python suite/bench/gpu.py` needs torch alone.
 """
+
+# Each subcommand imports torch and friends inside its function, so `suite -h` stays fast.
 
 from __future__ import annotations
 

@@ -46,6 +46,7 @@ from suite.embedded.model import PRESETS, ModelConfig, Transformer
 from suite.embedded.tasks import make_split, make_task, resolve_flaw_op
 from suite.embedded.tokenizer import CharTokenizer
 from suite.embedded.warmstart import load_or_train
+from suite.identity import semantic_config
 from suite.tracking import checkpoint as ckpt
 from suite.tracking import rundir
 from suite.tracking.lock import run_lock
@@ -421,7 +422,7 @@ class EmbeddedRun:
             "warm_start_cpu_flags": str(self.warm_info.get("cpu_flags", "unknown"))})
         logger = MultiLogger([jsonl, mlflow_logger])
         if self.step == 0:
-            logger.log_params(OmegaConf.to_container(cfg, resolve=True))
+            logger.log_params(semantic_config(cfg))  # the run id's keys, not where output goes
             cfg_path = rundir.path(self.run_dir, rundir.CONFIG_FILE)
             OmegaConf.save(cfg, cfg_path, resolve=True)
             logger.log_artifact(cfg_path)

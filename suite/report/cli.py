@@ -1,6 +1,6 @@
 """`suite report`: regenerate the papers' tables and figures from tracked runs.
 
-    suite report experiments/main.yaml                # a sweep: its parent run's children, missing cells shown
+    suite report experiments/main_table.yaml          # a sweep: its parent run's children, missing cells shown
     suite report --experiment suite                   # every run of an MLflow experiment
     suite report --runs "tags.precision = 'int8'"     # an MLflow filter (with or without --experiment)
     suite report --parent RUN_ID                      # the children of any parent run (a sweep, a study)
@@ -43,6 +43,9 @@ def register(subparsers) -> None:
     p.add_argument("--no-notebook", action="store_true", help="skip the executed notebook and its HTML")
     p.add_argument("--no-log", action="store_true", help="do not log the report as artifacts of the parent run")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--history", choices=("auto", "client", "sql"), default="auto",
+                   help="how metric histories are read: MLflow's client on 8 threads, or one SQL query on a "
+                        "database store with a tested MLflow version; auto = sql where it applies (default)")
     p.set_defaults(func=cmd_report)
 
 
@@ -132,7 +135,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from suite.report.tables import CI_SEED, N_RESAMPLES
 
     try:
-        rd = D.load_runs(uri, experiment=experiment, filter_string=flt, parent_run_id=parent, quiet=args.quiet)
+        rd = D.load_runs(uri, experiment=experiment, filter_string=flt, parent_run_id=parent, quiet=args.quiet,
+                         history_source=args.history)
     except ValueError as e:
         print(f"suite report: {e}", file=sys.stderr)
         return 2

@@ -6,9 +6,9 @@
 
 Every table of `suite.report.tables` is a pure function of these two frames; plotting
 (`suite.report.plots`) is separate. Runs are read with MLflow's paged batch search
-(`MlflowClient.search_runs`, up to 50,000 runs a request) and metric histories in bulk: one
-query for all keys on a SQL store, one request per key and 100 runs on a tracking server;
-never one request per run.
+(`MlflowClient.search_runs`, up to 50,000 runs a request) and metric histories through
+MLflow's public client on 8 threads, or one SQL query for all keys on the MLflow versions whose
+tables that query is tested against (`suite.report.history`).
 
 Runs of every status are kept; the tables average only FINISHED runs and list the others
 (`tables.run_status`). Axis values come from the run's tags (`suite.config.axes`); the identity
@@ -35,6 +35,7 @@ from suite.report.identity import (  # noqa: F401 (SUPERSEDED: a status of the f
     method_label,
     supersede,
 )
+from suite.report.history import read_history
 from suite.report.summaries import ACC, summarize  # noqa: F401 (summarize: part of this module's API)
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,6 @@ FINISHED = "FINISHED"
 MISSING = "MISSING"  # an expected sweep cell with no MLflow run
 
 SEARCH_PAGE = 50_000  # runs per search request (mlflow's SEARCH_MAX_RESULTS_THRESHOLD)
-BULK_RUNS = 100  # run ids per bulk-history request to a server (handlers.MAX_RUNS_GET_METRIC_HISTORY_BULK)
-BULK_ROWS = 25_000  # rows a bulk-history response may hold (handlers.MAX_HISTORY_RESULTS)
 
 
 def acc_key(task: str) -> str:
@@ -234,107 +233,6 @@ def coerce_runs(df: pd.DataFrame) -> pd.DataFrame:
     return fill_group_keys(df)
 
 
-# ------------------------------------------------------------------ metric history, in bulk
-
-
-def _store(client):
-    # MlflowClient exposes no bulk-history call in mlflow 3.17.2; its store does (SQL stores:
-    # `get_metric_history_bulk`, one query per key for any number of runs).
-    return client._tracking_client.store
-
-
-def _history_sql(store, run_ids: list[str], keys: list[str]) -> pd.DataFrame:
-    """Every value of `keys` for `run_ids` from a SQL tracking store, in one SELECT per 5,000
-    runs on MLflow's own `metrics` table model (SqlMetric).
-
-    The store's `get_metric_history_bulk` (one key a call) builds an ORM object per value:
-    on 1,000 runs x 50 steps x 17 keys (806,000 values) it took 318 s against 90 s for this
-    Core query, both on the same heavily shared 2-core machine (tests/report/bench_report.py,
-    docs/reports.md).
-    """
-    import sqlalchemy as sa
-    from mlflow.store.tracking.dbmodels.models import SqlMetric
-
-    t = SqlMetric.__table__
-    names = ["mlflow_run_id", "step", "timestamp", "key", "value", "is_nan"]
-    frames = []
-    with store.ManagedSessionMaker() as session:
-        for i in range(0, len(run_ids), 5000):  # well under SQLite's bound-parameter limit
-            q = sa.select(t.c.run_uuid, t.c.step, t.c.timestamp, t.c.key, t.c.value, t.c.is_nan).where(
-                t.c.key.in_(keys), t.c.run_uuid.in_(run_ids[i : i + 5000]))
-            rows = session.execute(q).all()
-            # Columns via zip: handing SQLAlchemy Row objects to pandas costs two failed
-            # attribute lookups per row (profiled: most of the read's CPU time).
-            cols = list(zip(*rows)) if rows else [()] * len(names)
-            frames.append(pd.DataFrame({n: list(c) for n, c in zip(names, cols)}))
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=names)
-    # MLflow stores NaN as value 0 with is_nan set (SqlMetric.to_mlflow_entity reads it back the same way).
-    df["value"] = df["value"].astype(float).where(~df["is_nan"].astype(bool), np.nan)
-    return df.drop(columns="is_nan")
-
-
-def _history_rest(store, run_ids: list[str], key: str) -> list[tuple]:
-    """The tracking server's bulk route (what the MLflow UI's charts use): up to 100 runs and
-    25,000 rows a request; a batch that fills the row cap is split and asked again."""
-    from mlflow.utils.rest_utils import http_request, verify_rest_response
-
-    out: list[tuple] = []
-    pending = [run_ids[i : i + BULK_RUNS] for i in range(0, len(run_ids), BULK_RUNS)]
-    while pending:
-        batch = pending.pop()
-        resp = http_request(store.get_host_creds(), "/ajax-api/2.0/mlflow/metrics/get-history-bulk", "GET",
-                            params={"run_id": batch, "metric_key": key, "max_results": BULK_ROWS})
-        verify_rest_response(resp, "/ajax-api/2.0/mlflow/metrics/get-history-bulk")
-        metrics = resp.json().get("metrics", [])
-        if len(metrics) >= BULK_ROWS and len(batch) > 1:
-            pending += [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
-            continue
-        if len(metrics) >= BULK_ROWS:
-            log.warning("metric %s of run %s: more than %d values; the rest are not read", key, batch[0], BULK_ROWS)
-        out += [(m["run_id"], int(m.get("step", 0)), int(m.get("timestamp", 0)), float(m["value"])) for m in metrics]
-    return out
-
-
-def _history_each(client, run_ids: list[str], key: str) -> list[tuple]:
-    return [(rid, m.step, m.timestamp, m.value) for rid in run_ids for m in client.get_metric_history(rid, key)]
-
-
-def read_history(client, run_ids: list[str], keys, *, quiet: bool = True) -> pd.DataFrame:
-    """Per-step values of `keys` for `run_ids`: columns mlflow_run_id, step, key, value.
-
-    One query for every key on SQL stores and one request per (key, 100 runs) on a tracking server; other
-    stores (file store, Databricks) fall back to one request per run and key, with a warning.
-    When a step was logged twice for a key (a resumed run), the later timestamp wins.
-    """
-    from mlflow.store.tracking.rest_store import RestStore
-
-    store = _store(client)
-    keys = list(dict.fromkeys(keys))
-    cols = ["mlflow_run_id", "step", "timestamp", "key", "value"]
-    if hasattr(store, "ManagedSessionMaker") and hasattr(store, "get_metric_history_bulk"):  # SqlAlchemyStore
-        df = _history_sql(store, run_ids, keys) if run_ids else pd.DataFrame(columns=cols)
-        _progress(f"metric history: {len(keys)} keys, {len(df)} values in one query", quiet)
-        return _dedupe_steps(df)
-    if isinstance(store, RestStore) and not client.tracking_uri.startswith("databricks"):
-        fetch = lambda k: _history_rest(store, run_ids, k)  # noqa: E731
-    else:
-        log.warning("%s store has no bulk metric history; reading %d runs one request each",
-                    type(store).__name__, len(run_ids))
-        fetch = lambda k: _history_each(client, run_ids, k)  # noqa: E731
-    rows = []
-    for i, key in enumerate(keys, 1):
-        rows += [(rid, step, ts, key, value) for rid, step, ts, value in fetch(key)] if run_ids else []
-        if not quiet and (i % 5 == 0 or i == len(keys)):
-            _progress(f"metric history {i}/{len(keys)} keys, {len(rows)} values", quiet)
-    return _dedupe_steps(pd.DataFrame(rows, columns=cols))
-
-
-def _dedupe_steps(df: pd.DataFrame) -> pd.DataFrame:
-    df = df.sort_values(["mlflow_run_id", "key", "step", "timestamp"], kind="stable")
-    df = df.drop_duplicates(["mlflow_run_id", "key", "step"], keep="last")
-    return df.drop(columns="timestamp").reset_index(drop=True)
-
-
 def history_frame(long: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Long (run, step, key, value) -> one row per run x step, a column per metric, the axes
     as columns, and `acc` = the run's own task's held-out accuracy (NaN between evaluations)."""
@@ -370,6 +268,7 @@ def load_runs(
     filter_string: str = "",
     parent_run_id: str | None = None,
     history_keys=HISTORY_KEYS,
+    history_source: str = "auto",
     quiet: bool = True,
 ) -> RunData:
     """Read runs from MLflow into the tidy frames.
@@ -379,6 +278,7 @@ def load_runs(
     filter_string: an MLflow search filter (``tags.precision = 'int8' and params.seed = '0'``).
     parent_run_id: only the children of this run (a sweep's or a study's parent run).
     history_keys: metric keys read step by step (held-out accuracy keys are always added).
+    history_source: auto | client | sql: how they are read (suite.report.history).
     """
     t0 = time.perf_counter()
     client = _client(tracking_uri)
@@ -402,15 +302,15 @@ def load_runs(
     runs = runs_frame(mruns)
     keys = list(history_keys) + sorted({acc_key(t) for t in runs["task"].unique() if t})
     t1 = time.perf_counter()
-    long = read_history(client, runs["mlflow_run_id"].tolist(), keys, quiet=quiet)
+    long, used = read_history(client, runs["mlflow_run_id"].tolist(), keys, source=history_source)
     t_hist = time.perf_counter() - t1
     t2 = time.perf_counter()
     history = history_frame(long, runs)
     runs = summarize(runs, history)
     t_sum = time.perf_counter() - t2
-    _progress(f"{len(long)} metric values read in {t_hist:.1f} s", quiet)
+    _progress(f"{len(long)} metric values read in {t_hist:.1f} s ({used})", quiet)
     source = {"tracking_uri": tracking_uri, "experiment": experiment, "experiment_ids": exp_ids,
-              "filter": filter_string, "parent_run_id": parent_run_id or ""}
+              "filter": filter_string, "parent_run_id": parent_run_id or "", "history_source": used}
     return RunData(runs=runs, history=history, source=source,
                    timings_s={"search": t_search, "history": t_hist, "summarize": t_sum})
 
@@ -453,11 +353,10 @@ def add_missing(runs: pd.DataFrame, expected: list[dict]) -> pd.DataFrame:
 
 
 def config_params(cfg) -> dict[str, str]:
-    """A run config as the MLflow params its run logs (flattened, stringified, cut to MLflow's
-    value limit, as `suite.tracking.loggers.MlflowLogger.log_params` does)."""
-    from omegaconf import OmegaConf
-
+    """A run config as the MLflow params its run logs (its semantic config flattened, stringified,
+    cut to MLflow's value limit, as `suite.tracking.loggers.MlflowLogger.log_params` does)."""
+    from suite.identity import semantic_config
     from suite.tracking.loggers import MAX_PARAM_VAL_LENGTH, flatten_params
 
-    flat = flatten_params(OmegaConf.to_container(cfg, resolve=True))
+    flat = flatten_params(semantic_config(cfg))
     return {str(k): str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in flat.items()}

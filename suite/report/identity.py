@@ -18,6 +18,7 @@ import math
 import pandas as pd
 
 from suite import config as _config
+from suite import identity as _identity
 from suite.core.losses import CORRECTIONS as _CORRECTION_REGISTRY
 
 # Display label of each correction mode, in registry order (suite.core.losses.CORRECTIONS;
@@ -30,9 +31,10 @@ FP8_GRANULARITIES = tuple(_config.FP8_GRANULARITIES)
 ALGOS = tuple(_config.ALGOS)
 KERNEL_PATHS = ("native", "emulated")
 
-# Params that never change a run's results; the same list `suite.config.run_id` leaves out of
-# its hash (a key is dropped with everything under it).
-NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir")
+# Params that never change a run's results: the list `suite.config.run_id` leaves out of its hash
+# (a key is dropped with everything under it). Runs logged before it was left out of the params too
+# still carry them.
+NON_SEMANTIC = _identity.NON_SEMANTIC
 SEED_PARAM = "seed"
 # A run without this tag was logged before the correction modes were renamed: its `naive` was
 # PPO anchored on pi_behav, i.e. today's `bypass`.

@@ -125,7 +125,8 @@ def build_notebook(source: dict, table_names: list[str], figure_names: list[str]
 def _kernel_manager(tmp: str):
     """A kernel that runs this very interpreter (the one that has `suite` installed), from a
     kernelspec written to a temporary folder, so execution does not depend on which
-    `python3` kernel the machine's Jupyter knows about."""
+    `python3` kernel the machine's Jupyter knows about. It talks over IPC sockets in that folder,
+    not TCP on localhost: private to this user, and ipykernel warns about unencrypted TCP."""
     from jupyter_client import KernelManager
     from jupyter_client.kernelspec import KernelSpecManager
 
@@ -135,7 +136,8 @@ def _kernel_manager(tmp: str):
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "Python (suite report)", "language": "python"}))
     ksm = KernelSpecManager(kernel_dirs=[str(Path(tmp) / "kernels")])
-    return KernelManager(kernel_name="suite-report", kernel_spec_manager=ksm)
+    return KernelManager(kernel_name="suite-report", kernel_spec_manager=ksm, transport="ipc",
+                         ip=str(Path(tmp) / "kernel"))
 
 
 def execute_and_export(nb, out: Path, timeout_s: int = EXEC_TIMEOUT_S) -> tuple[Path, Path]:
@@ -152,9 +154,13 @@ def execute_and_export(nb, out: Path, timeout_s: int = EXEC_TIMEOUT_S) -> tuple[
     os.environ["MPLBACKEND"] = "Agg"
     try:
         with tempfile.TemporaryDirectory(prefix="suite-kernel-") as tmp:
-            client = NotebookClient(nb, timeout=timeout_s, km=_kernel_manager(tmp),
-                                    resources={"metadata": {"path": str(out)}})
-            client.execute()
+            km = _kernel_manager(tmp)
+            client = NotebookClient(nb, timeout=timeout_s, km=km, resources={"metadata": {"path": str(out)}})
+            try:
+                client.execute()
+            finally:  # nbclient stops only kernels it made; ours would outlive the report and say so
+                if km.has_kernel:
+                    km.shutdown_kernel(now=True)
     finally:
         if env_keep is None:
             os.environ.pop("MPLBACKEND", None)

@@ -1,4 +1,13 @@
-"""`suite sweep FILE`, `suite status FILE`, `suite cancel FILE` (registered in suite.cli._PLUGINS).
+"""`suite sweep FILE`, `suite status FILE`, `suite cancel FILE` (registered in suite.cli);
+HELP is what `suite sweep|status|cancel -h` shows."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+HELP = """Run a sweep file's matrix of runs, show its state, or cancel it.
 
     suite sweep experiments/quickstart.yaml --dry-run        # the expanded matrix; submits nothing
     suite sweep experiments/quickstart.yaml                  # run it here (bounded concurrency), wait
@@ -8,14 +17,9 @@
 
 Arguments after FILE are Hydra overrides for every cell, except `launcher=local|slurm`,
 `launcher.<field>=...`, `cluster=<profile>` and `resources.<field>=...`, which configure the
-sweep (`--launcher`, `--profile`, `--max-parallel` are the same as flags).
+sweep (`--launcher`, `--profile`, `--max-parallel` are the same as flags). Re-running a sweep
+skips finished cells and resumes interrupted ones; docs/sweeps.md has the file format.
 """
-
-from __future__ import annotations
-
-import argparse
-import shlex
-import sys
 
 
 def _reparse(args: argparse.Namespace, kind: str) -> argparse.Namespace:
@@ -24,7 +28,9 @@ def _reparse(args: argparse.Namespace, kind: str) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"suite {kind} FILE")
     _options(p, kind)
     p.add_argument("overrides", nargs="*")
-    return p.parse_intermixed_args(args.rest, namespace=args)
+    # a fresh namespace: parse_intermixed_args warns about (and mishandles) a positional already set
+    fresh = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "overrides"})
+    return p.parse_intermixed_args(args.rest, namespace=fresh)
 
 
 def _load(args: argparse.Namespace):
@@ -41,7 +47,7 @@ def _load(args: argparse.Namespace):
     if getattr(args, "max_cells", None) is not None:
         extra.append(f"launcher.max_cells={args.max_cells}")
     try:
-        return load_sweep(args.file, extra)
+        return load_sweep(args.file, extra, recorded=args.kind == "status")  # status reads the launch's record
     except SweepError as exc:
         print(f"suite: bad sweep: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -82,7 +88,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from suite.sweep.parent import parent_run, set_parent_status
+    """Reads only: the cells' states, and a hint when the parent run has not recorded the end."""
+    from suite.sweep.parent import parent_status
     from suite.sweep.spec import SweepError
     from suite.sweep.states import cell_states, print_states
 
@@ -91,8 +98,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         states = cell_states(sweep)
         print(f"sweep {sweep.name} ({sweep.path}); state {sweep.state_dir}")
         print_states(states)
-        if all(s.state == "done" for s in states) and parent_run(sweep, create=False):
-            set_parent_status(sweep, "FINISHED")
+        if all(s.state == "done" for s in states) and parent_status(sweep) == "RUNNING":
+            # a `--no-wait` SLURM sweep: its driver returned before the end; the next one records it
+            print(f"every cell is done; `suite sweep {args.file}` marks the MLflow parent run FINISHED")
     except SweepError as exc:  # a damaged state file, named
         print(f"suite status: {exc}", file=sys.stderr)
         return 2
@@ -117,7 +125,7 @@ def register(subparsers) -> None:
              ("status", cmd_status, "state of each cell of a sweep"),
              ("cancel", cmd_cancel, "cancel a sweep's queued and running jobs"))
     for name, func, text in verbs:
-        p = subparsers.add_parser(name, help=text, description=__doc__,
+        p = subparsers.add_parser(name, help=text, description=HELP,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         _options(p, name)
         p.add_argument("file", help="sweep file, e.g. experiments/quickstart.yaml (status/cancel: with the "

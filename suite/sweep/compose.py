@@ -5,14 +5,18 @@ schema merges) for every call: ~0.2-0.6 s on a busy 2-core machine, so a 1,000-c
 would take minutes to validate. Hydra's own pipeline is two phases:
 
 1. group overrides (``quant=fp8``, ``algo=dapo``) choose the defaults list and are merged;
-2. every other override is applied to the merged config, in order, by
-   ``ConfigLoaderImpl._apply_overrides_to_config`` (hydra-core 1.3.8, pinned in pyproject).
+2. every other override is applied to the merged config, in order (Hydra's docs,
+   "Basic Override syntax": ``key=value`` changes a key that exists, ``+key=value`` adds one that
+   does not, ``++key=value`` sets it either way).
 
-`CellComposer` runs phase 1 through Hydra once per distinct set of group overrides (a sweep
-has few), copies that config (through pickle), and runs phase 2 with Hydra's own function; then
-the same post-processing and `validate` as `compose_config`. Anything unusual (sweep syntax
-``a=1,2``, ``hydra.*`` keys, a parse error) goes through `compose_config` itself, so its errors
-are Hydra's. tests/sweep/test_compose.py checks equality with `compose_config` on a sample.
+`CellComposer` runs phase 1 through Hydra's public `compose` once per distinct set of group
+overrides (a sweep has few), copies that config (through pickle), and runs phase 2 with
+OmegaConf's public `OmegaConf.update` (what those three forms mean: `merge=True`, `force_add`
+for the two adding forms); then the same post-processing and `validate` as `compose_config`.
+Anything else (a delete ``~key``, sweep syntax ``a=1,2``, ``hydra.*`` keys, a parse error, an
+override OmegaConf refuses, ``+key`` over an existing key) goes through `compose_config` itself,
+so its result and errors are Hydra's. tests/sweep/test_compose.py checks equality with
+`compose_config` on every form.
 """
 
 from __future__ import annotations
@@ -45,12 +49,12 @@ class CellComposer:
     """Compose configs like `compose_config`, caching Hydra's work per set of group choices."""
 
     def __init__(self) -> None:
-        from hydra.core.config_store import ConfigStore
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         self._parser = OverridesParser.create()
-        # Config groups are the directories of the ConfigStore (backend, model, quant, ...).
-        self._groups = {k for k, v in ConfigStore.instance().repo.items() if isinstance(v, dict)}
+        from suite.hydra_compat import config_groups
+
+        self._groups = set(config_groups())
         self._base = _BASE_CACHE  # shared: the ConfigStore is fixed for the process
         self.hydra_composes = 0  # how many full Hydra composes ran (for the benchmark)
 
@@ -63,8 +67,6 @@ class CellComposer:
         return o
 
     def compose(self, overrides: list[str] | tuple[str, ...]) -> DictConfig:
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
-
         overrides = list(overrides)
         try:
             parsed = [self._parse(line) for line in overrides]
@@ -73,7 +75,7 @@ class CellComposer:
         group_lines: list[str] = []
         value_overrides = []
         for o in parsed:
-            if o.is_sweep_override() or o.is_hydra_override():
+            if o.is_sweep_override() or o.is_hydra_override() or o.is_delete() or o.package is not None:
                 return compose_config(overrides)  # Hydra rejects or handles these itself
             value = o.value()
             if o.key_or_group in self._groups and not isinstance(value, dict):
@@ -89,6 +91,31 @@ class CellComposer:
             self.hydra_composes += 1
             self._base[key] = base
         cfg = pickle.loads(base)
-        ConfigLoaderImpl._apply_overrides_to_config(value_overrides, cfg)
+        if not apply_value_overrides(cfg, value_overrides):
+            return compose_config(overrides)
         check_override_types(cfg, value_overrides)
         return finalize(cfg)  # the same post-processing as compose_config
+
+
+def apply_value_overrides(cfg: DictConfig, parsed: list) -> bool:
+    """Apply parsed `key=value`, `+key=value` and `++key=value` overrides to `cfg` in order, with
+    OmegaConf's public API; False (cfg then half-changed: discard it) when one needs Hydra's own
+    handling or error: `+key` over an existing value, or a value OmegaConf refuses."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for o in parsed:
+        key, value = o.key_or_group, o.value()
+        try:
+            if o.is_add():
+                if OmegaConf.select(cfg, key, throw_on_missing=False) is not None and not isinstance(value, (dict, list)):
+                    return False
+                OmegaConf.update(cfg, key, value, merge=True, force_add=True)
+            elif o.is_force_add():
+                OmegaConf.update(cfg, key, value, merge=True, force_add=True)
+            else:
+                OmegaConf.update(cfg, key, value, merge=True)
+        except OmegaConfBaseException:
+            return False
+    return True
+

@@ -46,13 +46,13 @@ class ResumableJob(_Checkpointable):
 
 
 def _run_cell(overrides: list[str], run_dir: str, parent_run_id: str | None = None,
-              tags: dict | None = None, tracking_uri: str | None = None) -> RunSummary:
+              tags: dict | None = None, tracking_uri: str | None = None, run_name: str | None = None) -> RunSummary:
     from suite.cell import compose_cell
     from suite.cell import run_cell as run_one
     from suite.tracking.checkpoint import list_checkpoints
 
     tags = {str(k): str(v) for k, v in (tags or {}).items()}
-    cfg = compose_cell(overrides, parent_run_id=parent_run_id, tags=tags, tracking_uri=tracking_uri)
+    cfg = compose_cell(overrides, parent_run_id=parent_run_id, tags=tags, tracking_uri=tracking_uri, run_name=run_name)
     ckpts = list_checkpoints(run_dir)
     start = f"resuming from step {ckpts[-1][0]}" if ckpts else "from the start"
     print(f"suite sweep cell {tags.get('cell', '?')}: {os.path.basename(run_dir)} {start} "
@@ -68,4 +68,4 @@ def _cell_label(*args, **kwargs) -> str:
 
 
 run_cell = ResumableJob(_run_cell, _cell_label)
-"""run_cell(overrides, run_dir, parent_run_id=None, tags=None, tracking_uri=None) -> RunSummary"""
+"""run_cell(overrides, run_dir, parent_run_id=None, tags=None, tracking_uri=None, run_name=None) -> RunSummary"""

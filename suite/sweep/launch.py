@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from suite.identity import run_name
 from suite.sweep.executors import make_executor
 from suite.sweep.guard import Driver, record_cancelled, sweep_targets
 from suite.sweep.parent import log_parent_artifacts, parent_run, set_parent_status
@@ -42,7 +43,10 @@ from suite.tracking.rundir import RUN_FILE, read_summary
 
 
 def _cell_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:
-    return {"sweep": sweep.name, "cell": str(cell.index)}
+    from suite.tracking.experiments import SOURCE_NAME_TAG, suite_command
+
+    # the job's own argv is submitit's; the command that made the run is this driver's
+    return {"sweep": sweep.name, "cell": str(cell.index), SOURCE_NAME_TAG: suite_command()}
 
 
 def _submit(sweep: Sweep, executor, cells: list[Cell], parent_id: str) -> dict[int, object]:
@@ -54,18 +58,39 @@ def _submit(sweep: Sweep, executor, cells: list[Cell], parent_id: str) -> dict[i
     jobs = []
     if len(cells) == 1:
         c = cells[0]
-        jobs = [executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id, _cell_tags(sweep, c), uri)]
+        jobs = [executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id, _cell_tags(sweep, c), uri,
+                                run_name(c.cfg, c.axes))]
     else:
         with executor.batch():
             for c in cells:
                 jobs.append(executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id,
-                                            _cell_tags(sweep, c), uri))
+                                            _cell_tags(sweep, c), uri, run_name(c.cfg, c.axes)))
     launcher = "local" if type(executor).__name__ == "LocalExecutor" else "slurm"
     path = Path(sweep.state_dir) / JOBS_FILE
     for c, j in zip(cells, jobs):
         _append_json(path, {"cell": c.index, "run_id": c.run_id, "job_id": str(j.job_id), "launcher": launcher,
                             "host": socket.gethostname(), "time": time.time()})
+    if launcher == "slurm":
+        _name_tasks(sweep, cells, jobs)
     return {c.index: j for c, j in zip(cells, jobs)}
+
+
+def task_name(sweep: Sweep, cell: Cell) -> str:
+    """The SLURM job name of a cell's task, as `squeue` and `sacct` show it."""
+    return f"{sweep.name}:{cell.index}"
+
+
+def _name_tasks(sweep: Sweep, cells: list[Cell], jobs: list) -> None:
+    """Name each array task `<sweep>:<cell>`: the tasks of an array share the array's name, and
+    after `--retry-failed` task k of a new array is not cell k. SLURM renames a pending task on
+    its own (`scontrol update JobId=<array>_<k> JobName=...`). A refusal (a task that already
+    ended, an old SLURM) leaves the sweep's name, which `suite status` maps to cells anyway."""
+    for c, j in zip(cells, jobs):
+        try:
+            subprocess.run(["scontrol", "update", f"JobId={j.job_id}", f"JobName={task_name(sweep, c)}"],
+                           capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return
 
 
 def _finish_line(st: CellState, n_done: int, n_total: int) -> str:
@@ -167,12 +192,32 @@ def _drive(sweep: Sweep, folder: Path, todo: list[CellState], live: dict, parent
 
 
 def _wait(sweep: Sweep, executor, todo: list[CellState], live: dict, parent: str, stream, drv) -> int:
-    local = sweep.launcher.name == "local"
+    from suite.sweep.progress import Progress
+
     queue = [s.cell for s in todo]
     reported: set[int] = set()
-    n = len(sweep.cells)
     start = time.time()
+    prog = Progress(f"sweep {sweep.name}", len(sweep.cells), stream=stream, every_s=sweep.launcher.progress_s)
+    try:
+        return _wait_loop(sweep, executor, queue, reported, live, parent, stream, drv, prog, start)
+    finally:
+        prog.close()
 
+
+def _work(states: list[CellState], session: set[int]) -> float:
+    """Cells of this session finished (1 each) or under way (their checkpointed fraction)."""
+    work = 0.0
+    for s in states:
+        if s.cell.index in session:
+            work += 1.0 if s.state in ("done", "failed") else max(s.step, 0) / max(s.cell.steps, 1)
+    return work
+
+
+def _wait_loop(sweep: Sweep, executor, queue: list[Cell], reported: set[int], live: dict, parent: str, stream,
+               drv, prog, start: float) -> int:
+    local = sweep.launcher.name == "local"
+    n = len(sweep.cells)
+    session = {c.index for c in queue} | set(live)
     # stop signals and errors: `drv` (suite.sweep.guard) stops the jobs and ends their MLflow runs
     states = drv.last_poll = cell_states(sweep, live)
     queued = {c.index for c in queue}
@@ -187,18 +232,21 @@ def _wait(sweep: Sweep, executor, todo: list[CellState], live: dict, parent: str
                 c = queue.pop(0)
                 with drv.hold():
                     live.update(_submit(sweep, executor, [c], parent))
-                print(f"started cell {c.index} {c.run_id}", file=stream, flush=True)
+                prog.write(f"started cell {c.index} {c.run_id}")
                 slots -= 1
         states = drv.last_poll = cell_states(sweep, live)
         for s in states:
             if s.cell.index not in reported and s.state in ("done", "failed", "cancelled", "interrupted") \
                     and (s.cell.index in live or s.state != "interrupted"):
                 reported.add(s.cell.index)
-                print(_finish_line(s, sum(t.state == "done" for t in states), n), file=stream, flush=True)
+                prog.write(_finish_line(s, sum(t.state == "done" for t in states), n))
         active = [s for s in states if s.state in ("running", "pending")]
+        count = {k: sum(s.state == k for s in states) for k in ("done", "failed")}
+        prog.update(count["done"], len(active), count["failed"], len(queue), _work(states, session), len(session))
         if not active and not queue:
             break
         time.sleep(sweep.launcher.poll_s)
+    prog.close()
     print(f"\nsweep {sweep.name} in {(time.time() - start) / 60:.1f} min:", file=stream)
     print_states(states, stream)
     failed = [s for s in states if s.state != "done"]

@@ -66,7 +66,9 @@ def log_parent_artifacts(sweep: Sweep, run_id: str) -> None:
 
 
 def set_parent_status(sweep: Sweep, status: str) -> None:
-    """RUNNING, FINISHED, FAILED or KILLED (no-op without a parent)."""
+    """RUNNING, FINISHED, FAILED or KILLED (no-op without a parent). An end status is written
+    once: a parent that already ended with `status` keeps its end time (re-running a finished
+    sweep submits nothing and changes nothing), so its duration in the MLflow UI is the sweep's."""
     from mlflow.tracking import MlflowClient
 
     from suite.tracking.loggers import resolve_tracking_uri
@@ -77,5 +79,20 @@ def set_parent_status(sweep: Sweep, status: str) -> None:
     client = MlflowClient(tracking_uri=resolve_tracking_uri(sweep.tracking_uri))
     if status == "RUNNING":
         client.update_run(rid, status="RUNNING")
-    else:
-        client.set_terminated(rid, status=status)
+        return
+    info = client.get_run(rid).info
+    if info.status == status and info.end_time:
+        return
+    client.set_terminated(rid, status=status)
+
+
+def parent_status(sweep: Sweep) -> Optional[str]:
+    """The parent run's MLflow status (None without a parent); reads only."""
+    from mlflow.tracking import MlflowClient
+
+    from suite.tracking.loggers import resolve_tracking_uri
+
+    rid = parent_run(sweep, create=False)
+    if rid is None:
+        return None
+    return MlflowClient(tracking_uri=resolve_tracking_uri(sweep.tracking_uri)).get_run(rid).info.status

@@ -46,6 +46,7 @@ class LauncherConfig:
     max_parallel: int = 2  # runs at once: local processes, or the SLURM array's %N throttle
     profile: str = DEFAULT_PROFILE  # slurm: profile name in slurm/profiles/ (or a path to a .yaml)
     poll_s: float = 5.0  # seconds between job-state polls while waiting
+    progress_s: float = 30.0  # seconds between aggregate lines while waiting without a terminal (a bar on one)
     max_requeue: int = 3  # preemptions/timeouts after which a run is not requeued (submitit max_num_timeout)
     # cells a file may expand to, counted before expansion (10^4 cells take ~1 min to validate);
     # raise it on purpose for a bigger sweep (`--max-cells N`)
@@ -80,6 +81,11 @@ class Cell:
         from suite.config import axes
 
         return axes(self.cfg)
+
+    @property
+    def steps(self) -> int:
+        """RL steps of the run (`suite status` shows step N/steps)."""
+        return int(self.cfg.steps)
 
     def command(self) -> list[str]:
         """argv that runs this cell by hand: `suite run ...` (embedded) or verl's main_ppo (verl)."""
@@ -121,7 +127,8 @@ class Sweep:
         return json.dumps({"name": self.name, "file": self.path, "cli_overrides": self.cli_overrides,
                            "launcher": asdict(self.launcher), "resources": asdict(self.resources),
                            "cells": [{"index": c.index, "axes": c.axes, "config_axes": c.config_axes,
-                                      "run_id": c.run_id, "run_dir": c.run_dir, "overrides": c.overrides}
+                                      "run_id": c.run_id, "run_dir": c.run_dir, "overrides": c.overrides,
+                                      "steps": c.steps}
                                      for c in self.cells]}, indent=2)
 
     def matrix_csv(self) -> str:
@@ -257,12 +264,17 @@ def _expand(path: str, matrix: Any, include: Any, exclude: Any,
     return keys, cells
 
 
-def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> Sweep:
+def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), *,
+               recorded: bool = False) -> Sweep:
     """Read a sweep file, expand its matrix, compose and validate every cell.
 
     `overrides` (the command line after the file) apply to every cell; `launcher=...`,
     `launcher.<field>=...`, `cluster=<profile>` and `resources.<field>=...` configure the
     sweep instead (see `split_overrides`). Raises `SweepError` naming the file, cell and key.
+
+    With `recorded` (`suite status`, which only reads), a sweep whose file and overrides are those
+    its last launch recorded in the state dir gets that launch's cells (`suite.sweep.recorded`):
+    one cell composed instead of all of them.
     """
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -297,7 +309,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     launcher = typed(f"{path}: launcher", LauncherConfig, launcher_data)
     if launcher.name not in LAUNCHERS:
         raise SweepError(f"{path}: launcher.name={launcher.name!r} is not a launcher; choose one of: {', '.join(LAUNCHERS)}")
-    check_positive(f"{path}: launcher", launcher, ("max_parallel", "poll_s", "max_cells"))
+    check_positive(f"{path}: launcher", launcher, ("max_parallel", "poll_s", "progress_s", "max_cells"))
     if launcher.poll_s > MAX_POLL_S:  # time.sleep overflows past ~1e9 s: the driver would die mid-sweep
         raise SweepError(f"{path}: launcher.poll_s={launcher.poll_s!r} must be <= {MAX_POLL_S:g} (one day)")
     if launcher.max_requeue < 0:
@@ -336,6 +348,18 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     cells: list[Cell] = []
     seen: dict[str, int] = {}
     for i, values in enumerate(raw_cells):
+        if recorded and i == 1:
+            from suite.sweep.recorded import recorded_sweep
+
+            first = cells[0].cfg
+            state_dir = os.path.join(os.path.abspath(os.path.expanduser(first.out_dir)), "_sweeps", name)
+            found = recorded_sweep(state_dir, text, list(overrides), len(raw_cells), keys, first, Sweep(
+                name=name, path=path, text=text, description=description, launcher=launcher, resources=resources,
+                profile=profile, profile_path=profile_path, axis_keys=keys, cli_overrides=list(overrides),
+                cells=[], state_dir=state_dir, tracking_uri=first.tracking.tracking_uri,
+                experiment=first.tracking.experiment))
+            if found is not None:
+                return found
         axis_lines = [f"{k}={v}" for k, v in values.items()]
         own = {override_key(k) for k in values}
         ov = [line for line in common if override_key(line) not in own] + axis_lines  # include beats base

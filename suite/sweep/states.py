@@ -81,7 +81,7 @@ class CellState:
 
     def line(self) -> str:
         extra = f"  {self.error}" if self.error else ""
-        step = f"step {self.step}/{self.cell.cfg.steps}" if self.step >= 0 else ""
+        step = f"step {self.step}/{self.cell.steps}" if self.step >= 0 else ""
         return f"{self.cell.index:>4}  {self.state:<11} {self.job_id:<12} {step:<12} {self.cell.run_id}{extra}"
 
 

@@ -256,9 +256,9 @@ def check_against_config(spec: TuneSpec, compose) -> DictConfig:
         base = compose(list(spec.base))
     except (ConfigError, HydraException, OmegaConfBaseException) as exc:
         raise TuneSpecError(f"base: {exc}") from exc
-    from hydra.core.config_store import ConfigStore
+    from suite.hydra_compat import config_groups
 
-    groups = {k for k, v in ConfigStore.instance().repo.items() if isinstance(v, dict)}  # quant, algo, ...
+    groups = set(config_groups())  # quant, algo, ...
     for name, p in spec.space.items():
         if name in groups:
             if p.type != "categorical":

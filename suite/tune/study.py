@@ -19,8 +19,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import gc
 import json
 import math
@@ -28,13 +26,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from suite.tracking.experiments import SOURCE_NAME_TAG, suite_command
 from suite.tracking.rundir import recorded_mlflow_run_id
 from suite.tune.spec import LauncherSpec, ParamSpec, PrunerSpec, SamplerSpec, TuneSpec, TuneSpecError
-from suite.tune.worker import trial_job
+from suite.tune.worker import driver_lock, trial_job
 
 ROLE_TAG, STUDY_TAG, TRIAL_TAG, STATE_TAG = "tune_role", "tune_study", "trial", "trial_state"
 PARENT_ATTR, URI_ATTR, SPACE_ATTR = "mlflow_parent_run_id", "mlflow_tracking_uri", "search_space"
-PROGRESS_EVERY_S = 60.0  # a status line at least this often while trials run (seconds)
+PROGRESS_EVERY_S = 60.0  # the aggregate line (suite.sweep.progress) at least this often while trials run (seconds)
 
 
 def _optuna():
@@ -105,10 +104,6 @@ def resolve_storage(url: str) -> str:
         if rel and rel != ":memory:":
             return "sqlite:///" + str(Path(rel).expanduser().resolve())
     return url
-
-
-def _sqlite_path(url: str) -> Path | None:
-    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:////") else None
 
 
 def study_dir(spec: TuneSpec) -> Path:
@@ -235,23 +230,6 @@ def make_executor(launcher: LauncherSpec, folder: str, job_name: str = "tune"):
         raise TuneSpecError(f"launcher: {exc}") from exc
 
 
-@contextlib.contextmanager
-def driver_lock(storage_url: str):
-    """One `suite tune` per sqlite study file at a time (the kernel drops the lock when its
-    holder dies, even by SIGKILL). Other RDB URLs: one driver per study is the user's rule."""
-    path = _sqlite_path(storage_url)
-    if path is None:
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(path) + ".lock", "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise TuneSpecError(f"storage: another `suite tune` is driving {path} (lock {path}.lock is held)") from None
-        yield
-
-
 # --------------------------------------------------------------------------- driver
 
 
@@ -305,7 +283,10 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
                 "study": spec.study, "storage": storage_url, "pruner": asdict(spec.pruner),
                 "number": trial_number, "trial_id": trial_id, "overrides": overrides, "param_overrides": param_ov,
                 "run_dir": trial_dir(spec, trial_number), "parent_run_id": parent,
-                "tags": {STUDY_TAG: spec.study, TRIAL_TAG: str(trial_number)}, "metric": spec.objective.metric,
+                "tags": {STUDY_TAG: spec.study, TRIAL_TAG: str(trial_number), SOURCE_NAME_TAG: suite_command()},
+                "metric": spec.objective.metric,
+                # the runs table tells trials apart by what was searched
+                "run_name": f"{spec.study} trial {trial_number}: {_fmt_params(params)}",
             }
             return executor.submit(trial_job, payload)
 
@@ -374,11 +355,21 @@ def _drive(study, spec: TuneSpec, dists: dict, pending: dict, queue: list, n_tar
         if not pending:
             break
         if time.perf_counter() - last_note >= PROGRESS_EVERY_S:
-            done = sum(t.state.is_finished() for t in trials)
-            out(f"[{(time.perf_counter() - t0) / 60:.1f} min] {done}/{n_target} trials finished, "
-                f"running: {', '.join(map(str, sorted(pending)))}")
+            out(_progress_line(spec, trials, pending, n_target, t0, TrialState))
             last_note = time.perf_counter()
         time.sleep(spec.poll_s)
+
+
+def _progress_line(spec: TuneSpec, trials: list, pending: dict, n_target: int, t0: float, states) -> str:
+    """The study's aggregate (suite.sweep.progress): trials done / running / failed, elapsed, ETA."""
+    from suite.sweep.progress import aggregate_line
+
+    done = sum(t.state in (states.COMPLETE, states.PRUNED) for t in trials)
+    failed = sum(t.state == states.FAIL for t in trials)
+    queued = max(n_target - done - failed - len(pending), 0)
+    return aggregate_line(f"suite tune {spec.study}", n_target, done, len(pending), failed, queued,
+                          time.perf_counter() - t0, float(done + failed), n_target) + \
+        f" (running: {', '.join(map(str, sorted(pending)))})"
 
 
 def _finish(study, number: int, job, tracking_uri: str, spec: TuneSpec, out) -> None:

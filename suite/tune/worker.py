@@ -16,13 +16,16 @@ the re-submitted one waits for it, then reads its result.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import math
 import os
 import time
+from pathlib import Path
 
 from suite.sweep.job import ResumableJob
 from suite.tracking.rundir import METRICS_FILE, TRIAL_LOCK_FILE
+from suite.tune.spec import TuneSpecError
 
 
 def last_metric(run_dir: str, key: str) -> tuple[float | None, int | None]:
@@ -34,6 +37,27 @@ def last_metric(run_dir: str, key: str) -> tuple[float | None, int | None]:
         if key in entry["metrics"]:
             value, step = float(entry["metrics"][key]), int(entry["step"])
     return value, step
+
+
+def _sqlite_path(url: str) -> Path | None:
+    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:////") else None
+
+
+@contextlib.contextmanager
+def driver_lock(storage_url: str):
+    """One `suite tune` per sqlite study file at a time (the kernel drops the lock when its
+    holder dies, even by SIGKILL). Other RDB URLs: one driver per study is the user's rule."""
+    path = _sqlite_path(storage_url)
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(path) + ".lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TuneSpecError(f"storage: another `suite tune` is driving {path} (lock {path}.lock is held)") from None
+        yield
 
 
 def open_storage(url: str):
@@ -49,7 +73,7 @@ def run_trial(payload: dict) -> dict:
     """Run one trial; returns {number, pruned, value, step, mlflow_run_id, run_dir, final_acc}.
 
     ``payload``: study, storage (URL), pruner (PrunerSpec fields), number, trial_id, overrides
-    (Hydra), run_dir (absolute), parent_run_id, tags, metric (objective key).
+    (Hydra), run_dir (absolute), parent_run_id, tags, metric (objective key), run_name (MLflow; optional).
     """
     import optuna
 
@@ -58,7 +82,8 @@ def run_trial(payload: dict) -> dict:
     from suite.tune.study import build_pruner
 
     n = payload["number"]
-    cfg = compose_cell(payload["overrides"], parent_run_id=payload["parent_run_id"], tags=payload["tags"])
+    cfg = compose_cell(payload["overrides"], parent_run_id=payload["parent_run_id"], tags=payload["tags"],
+                       run_name=payload.get("run_name"))
     run_dir = payload["run_dir"]
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, TRIAL_LOCK_FILE), "w") as lock:

@@ -174,9 +174,8 @@ def _prepare_model(cfg: DictConfig, log=print) -> str:
 
 def _mlflow_run(cfg: DictConfig, run_dir: str) -> str:
     from suite.cell import open_mlflow_run
-    from suite.config import run_id
 
-    logger = open_mlflow_run(cfg, run_dir, run_name=run_id(cfg), catch_up=False)
+    logger = open_mlflow_run(cfg, run_dir, catch_up=False)
     rid = logger.run_id  # created (or resumed) by the constructor; verl attaches and ends it
     if not rid:
         raise RuntimeError(f"could not create the MLflow run at {cfg.tracking.tracking_uri}")

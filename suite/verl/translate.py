@@ -105,7 +105,9 @@ def loss_env(cfg: DictConfig) -> dict[str, str]:
 
 def mlflow_names(cfg: DictConfig) -> tuple[str, str]:
     """(experiment, run name): verl's ``trainer.project_name`` / ``trainer.experiment_name``."""
-    return cfg.tracking.experiment, (cfg.tracking.run_name or run_id(cfg))
+    from suite.identity import run_name
+
+    return cfg.tracking.experiment, (cfg.tracking.run_name or run_name(cfg))
 
 
 def default_run_dir(cfg: DictConfig) -> str:
@@ -279,9 +281,10 @@ class VerlConfigComposer:
     """Compose many override lists against verl's ``ppo_trainer`` quickly (dry runs, tests).
 
     verl's defaults list is composed once; each override list is then applied to a copy with
-    Hydra's own override code (``ConfigLoaderImpl._apply_overrides_to_config``, hydra-core 1.3.8),
-    which is what ``compose`` does after the defaults list. The translator emits no config-group
-    overrides, so the result equals a full compose (tests check both on the same cells).
+    OmegaConf's public API as ``compose`` applies value overrides after the defaults list
+    (`suite.sweep.compose.apply_value_overrides`); an override it leaves to Hydra composes in full.
+    The translator emits no config-group overrides, so the result equals a full compose (tests
+    check both on the same cells).
     """
 
     def __init__(self) -> None:
@@ -290,11 +293,14 @@ class VerlConfigComposer:
     def compose(self, overrides: list[str]) -> DictConfig:
         import copy
 
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
+        from suite.sweep.compose import apply_value_overrides
+
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
         cfg = copy.deepcopy(self.base)
-        ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(list(overrides)), cfg)
+        if any(o.is_delete() or o.is_sweep_override() for o in parsed) or not apply_value_overrides(cfg, parsed):
+            return compose_verl_config(overrides)
         return cfg
 
 

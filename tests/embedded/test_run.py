@@ -14,11 +14,13 @@ import torch
 from mlflow.tracking import MlflowClient
 
 import checkpoint_barrier
+import suite
 from suite.config import compose_config, run_id
+from suite.identity import semantic_config
 from suite.core.quant import QuantScheme, fake_quant, quantize_int8_per_token
 from suite.embedded.trainer import EmbeddedRun
 from suite.tracking.checkpoint import list_checkpoints
-from suite.tracking.loggers import read_jsonl
+from suite.tracking.loggers import flatten_params, read_jsonl
 
 # A run that takes seconds: ~1M-parameter model, 2 prompts x 4 samples per step.
 TINY = [
@@ -111,6 +113,16 @@ def test_tiny_run_logs_every_metric_to_jsonl_and_mlflow(tmp_path):
     assert run.data.tags["precision"] == "int8" and run.data.tags["correction"] == "acr"
     assert run.data.tags["uaq_s"] == "1.5" and run.data.tags["algo"] == "grpo" and run.data.tags["seed"] == "0"
     assert run.data.params["quant.precision"] == "int8" and run.data.params["uaq.s"] == "1.5"
+    # params are the semantic config, exactly: no store URI, tags, output or cache paths
+    assert run.data.params == {k: str(v) for k, v in flatten_params(semantic_config(cfg)).items()}
+    assert not [k for k in run.data.params if k.startswith(("tracking.", "out_dir", "threads", "warm_start.cache_dir"))]
+    assert run.info.run_name == "grpo-int8-acr-s1.5-arith-tiny-6steps-lr3e-05-seed0"
+    assert run.data.tags["mlflow.source.type"] == "LOCAL" and run.data.tags["mlflow.user"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(suite.__file__), capture_output=True,
+                          text=True)
+    if head.returncode == 0:  # the code under test is a git checkout
+        assert run.data.tags["mlflow.source.git.commit"] == head.stdout.strip()
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     history = client.get_metric_history(run.info.run_id, "rollout_corr/kl")
     assert sorted(m.step for m in history) == list(range(1, cfg.steps + 1))
     by_step = {e["step"]: e["metrics"]["rollout_corr/kl"] for e in entries[1:]}

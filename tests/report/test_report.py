@@ -223,6 +223,9 @@ def test_cli_report_on_the_sweep(sweep_store, tmp_path):
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "6 FINISHED" in proc.stdout and "2 MISSING" in proc.stdout, proc.stdout
+    # the notebook's kernel talks over IPC and is shut down: neither ipykernel's TCP warning nor
+    # its "parent appears to have exited" reaches the user
+    assert "WARNING" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr[-3000:]
     for name in ("main", "uaq_ablation", "throughput", "kl_drift", "paper_vs_main", "paper_vs_uaq",
                  "paper_vs_throughput", "paper_vs_kl", "runs_not_averaged"):
         for ext in ("csv", "md", "tex"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
     uri, runs = sweep_env
     path = write_sweep(tmp_path / "kill.yaml", {
         "name": "kill", "base": [*TINY, "steps=8", "ckpt_every=2", f"out_dir={runs}"],
-        "matrix": {"seed": [0, 1, 2]}, "launcher": {"max_parallel": 2, "poll_s": 0.5}})
+        "matrix": {"seed": [0, 1, 2]}, "launcher": {"max_parallel": 2, "poll_s": 0.5, "progress_s": 1}})
     proc = subprocess.Popen([*SUITE, "sweep", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=child_env(), cwd=tmp_path, start_new_session=True)
     killed_at = None
@@ -76,6 +77,10 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
                          cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{len(done_before)} done" in out.stdout.splitlines()[0]
+    # without a terminal, the aggregate every progress_s between the cells' own lines
+    agg = re.findall(r"^sweep kill: (\d)/3 done, (\d) running, 0 failed, (\d) queued \| [\d.]+ min elapsed(, ETA [\d.]+ min)?$",
+                     out.stdout, flags=re.M)
+    assert agg and any(eta for *_, eta in agg), out.stdout
     jobs = [json.loads(x) for x in (state / "jobs.jsonl").read_text().splitlines()]
     new = jobs[len(jobs_before):]
     resubmitted = {j["run_id"] for j in new}
@@ -102,12 +107,18 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
     assert {r.data.tags["seed"] for r in children} == {"0", "1", "2"}  # axes as tags
     for r in children:
         assert r.info.status == "FINISHED"
+        # the name shows the cell's axes; the tags say which job ran it and where its log is
+        assert r.info.run_name.endswith(f"-8steps-lr3e-05-seed{r.data.tags['seed']}"), r.info.run_name
+        assert Path(r.data.tags["job_log"]).is_file() and "slurm_job_id" not in r.data.tags
+        assert r.data.tags["mlflow.source.name"] == f"suite sweep {path}"  # the driver's command, not submitit's
         hist = [m.step for m in client.get_metric_history(r.info.run_id, "train/acc")]
         assert sorted(hist) == list(range(1, 9)), (r.data.tags["cell"], hist)
     arts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"sweep.yaml", "matrix.json", "matrix.csv"} <= arts
 
-    # a finished sweep, re-run: nothing submitted, no new MLflow run
+    # a finished sweep, re-run, and its status: nothing submitted, no new MLflow run, the parent's
+    # end time as the sweep wrote it
+    end_time = parents[0].info.end_time
     again = subprocess.run([*SUITE, "sweep", str(path)], capture_output=True, text=True, env=child_env(),
                            cwd=tmp_path, timeout=300)
     assert again.returncode == 0, again.stderr
@@ -117,3 +128,4 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
     status = subprocess.run([*SUITE, "status", str(path)], capture_output=True, text=True, env=child_env(),
                             cwd=tmp_path, timeout=300)
     assert status.returncode == 0 and "done 3  (of 3)" in status.stdout, status.stdout
+    assert client.get_run(parents[0].info.run_id).info.end_time == end_time

@@ -84,13 +84,28 @@ def test_job_array_with_a_failing_cell_lands_in_mlflow(slurm_cluster, tmp_path, 
         assert r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id and r.data.tags["sweep"] == "arr"
         assert r.info.run_name == "$(touch pwned)"  # literal: no shell ever saw it
         assert r.data.tags["note"] == f"; rm -rf {canary}"
+        assert r.data.tags["slurm_job_id"] in {j["job_id"] for j in jobs}  # the array task that ran it
+        assert Path(r.data.tags["job_log"]).is_file()
     assert canary.is_dir() and not list(tmp_path.rglob("pwned"))
     script = next((state / "submitit").glob("*_submission.sh")).read_text()
     assert "touch" not in script and "rm -rf" not in script  # the cell travels as a pickle
+    # each task is named after its cell in squeue / sacct
+    assert {j["job_id"]: slurm_cluster.run("sacct", "-j", j["job_id"], "-X", "-n", "-o", "JobName%40").stdout.strip()
+            for j in jobs} == {f"{array}_{i}": f"arr:{i}" for i in range(3)}
     # re-run: the failed cell is not re-submitted without --retry-failed, nothing else to do
     again = _suite("sweep", str(path), cwd=tmp_path)
     assert again.returncode == 1 and "submitting 0" in again.stdout
     assert len(_jobs(state)) == 3
+    # --retry-failed: cell 2 alone, a job whose id says nothing of the cell; its name and status do
+    retry = _suite("sweep", str(path), "--retry-failed", "--wait", cwd=tmp_path, timeout=900)
+    assert retry.returncode == 1 and "submitting 1" in retry.stdout, retry.stdout + retry.stderr
+    new = _jobs(state)[3]
+    assert new["cell"] == 2 and not new["job_id"].endswith("_2")
+    name = slurm_cluster.run("sacct", "-j", new["job_id"], "-X", "-n", "-o", "JobName%40").stdout.strip()
+    assert name == "arr:2", name
+    st = _suite("status", str(path), cwd=tmp_path)
+    line = next(ln for ln in st.stdout.splitlines() if ln.split()[:1] == ["2"])
+    assert line.split()[1:3] == ["failed", new["job_id"]], st.stdout
 
 
 def test_cancelled_sweep_ends_cleanly(slurm_cluster, tmp_path, sweep_env):

@@ -84,7 +84,7 @@ def test_a_torn_last_line_is_skipped_and_cut_by_the_next_append(sweep, capsys, t
 
 
 def test_a_damaged_parent_record_is_named_when_status_reads_it(sweep, capsys):
-    for c in sweep.cells:  # every cell done: status then ends the parent run FINISHED, reading its record
+    for c in sweep.cells:  # every cell done: status then reads the parent run's status, through its record
         os.makedirs(c.run_dir)
         (Path(c.run_dir) / "summary.json").write_text("{}")
     parent = Path(sweep.state_dir) / "parent_run.json"

@@ -184,6 +184,9 @@ def test_kill_resume_no_duplicates_and_pruned_in_both(killed_and_resumed):
         assert run.data.tags["mlflow.parentRunId"] == parent
         assert run.info.run_id == t.user_attrs["mlflow_run_id"]
         assert run.data.tags["trial_state"] == t.state.name
+        assert run.info.run_name.startswith(f"small trial {t.number}: ") and "uaq.s=" in run.info.run_name
+        assert Path(run.data.tags["job_log"]).is_file()  # where the trial's output went
+        assert run.data.tags["mlflow.source.name"].startswith("suite tune ")
         assert float(run.data.params["uaq.s"]) == t.params["uaq.s"]  # the run used the trial's values
         assert int(run.data.params["rollout.max_new_tokens"]) == t.params["rollout.max_new_tokens"]
         hist = client.get_metric_history(run.info.run_id, "val-core/arith/acc/mean_at_1")

@@ -152,7 +152,9 @@ def test_shipped_tune_files_load_and_compose(path):
     assert text.splitlines()[0].startswith("# suite tune experiments/"), "starts with the command that runs it"
     assert "Laptop" in text and "Cluster" in text, "and how long it takes on a laptop and a cluster"
     spec = load_tune_file(path)
-    check_against_config(spec, compose_config)
+    base = check_against_config(spec, compose_config)
+    # trials land in the store `suite run` and the README's `mlflow ui` use, not one of their own
+    assert base.tracking.tracking_uri == compose_config([]).tracking.tracking_uri
 
 
 def test_tune_uaq_searches_the_issue_parameters():
