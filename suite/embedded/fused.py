@@ -40,7 +40,9 @@ def _load():
         try:
             from torch.utils.cpp_extension import load
 
-            _ext = load(name="suite_int8_linear", sources=[_SOURCE], extra_cflags=["-O3", "-ffp-contract=off"], verbose=False)
+            load(name="suite_int8_linear", sources=[_SOURCE], extra_cflags=["-O3", "-ffp-contract=off"],
+                 is_python_module=False, verbose=False)  # registers torch.ops.suite_fused
+            _ext = torch.ops.suite_fused
         except Exception as exc:  # no compiler / ninja / headers: the unfused path is the same numbers
             _failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
             warnings.warn(f"suite.embedded.fused: the fused int8 extension did not build ({_failed}); "
