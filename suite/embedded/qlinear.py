@@ -107,9 +107,9 @@ class Int8ActQuant:
 
 class Int8Linear(nn.Module):
     """W8A8 linear (QuRL Sec. 3; SmoothQuant / vLLM W8A8 layout): int8 per-output-channel
-    weights, int8 per-token dynamic activations, integer GEMM, float rescale. ``fused`` (native
-    CPU kernels only): the GEMM and its rescale as one call of suite.embedded.fused, the same
-    bits as the unfused ``_int_mm`` + ``mul_`` + ``to``."""
+    weights, int8 per-token dynamic activations, integer GEMM, float rescale. ``fused`` (CPU):
+    the GEMM and its rescale as one call of suite.embedded.fused, the same bits as the unfused
+    ``_int_mm`` (or emulated ``F.linear``) + ``mul_`` + ``to``."""
 
     def __init__(self, in_features: int, out_features: int, native: bool, act_quant: SharedActQuant, device=None):
         super().__init__()
@@ -268,17 +268,18 @@ def _bf16(lin, scheme, native, act_quant, device):
 
 
 def _int8_act_quant(scheme: QuantScheme, native: bool) -> Int8ActQuant:
-    # Fused where the native kernel is the CPU's: bit-identical, so not part of the run's numerics.
-    return Int8ActQuant(fused=native and fused_int8.available())
+    # Fused wherever the extension builds (CPU): bit-identical, so not part of the run's numerics.
+    return Int8ActQuant(fused=fused_int8.available())
 
 
 def set_int8_fused(model: nn.Module, on: bool) -> None:
     """Switch every Int8Linear of ``model`` (and its activation quantizers) to the fused path or
-    back, e.g. to time both side by side; ``on`` needs native kernels and the built extension."""
+    back, e.g. to time both side by side; ``on`` needs a CPU copy and the built extension."""
     for mod in model.modules():
         if isinstance(mod, Int8Linear):
-            if on and not (mod.native and fused_int8.available()):
-                raise ValueError("set_int8_fused(on=True) needs native int8 kernels and the fused extension")
+            if on and not (mod.codes.device.type == "cpu" and fused_int8.available()):
+                raise ValueError("set_int8_fused(on=True) needs a CPU engine and the fused extension "
+                                 "(suite.embedded.fused.available())")
             mod.fused = mod.act_quant.fn.fused = on
             mod.act_quant.clear()
 

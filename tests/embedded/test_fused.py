@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from _prompts import rand_prompts
 from suite.core.quant import QuantScheme, quantize_int8_per_channel, quantize_int8_per_token
@@ -18,7 +19,7 @@ from suite.embedded import fused
 from suite.embedded.engine import RolloutEngine
 from suite.embedded.model import PRESETS, ModelConfig, Transformer
 from suite.embedded.qlinear import Int8Linear, set_int8_fused
-from suite.hardware import cpu_features
+from suite.hardware import cpu_features, int_mm_exact
 
 if shutil.which("g++") is None:
     pytest.skip("no C++ compiler: the fused extension cannot be built here (the engine runs unfused)",
@@ -70,25 +71,30 @@ def test_quant_rows_rejects_non_finite_rows_as_the_unfused_path_does(bad):
     assert str(got.value) == str(want.value)
 
 
+def _unfused_mm(codes: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Int8Linear's unfused GEMM: torch._int_mm on int8 weight codes [N, K], F.linear on float ones."""
+    return torch._int_mm(codes, w.t()).float() if w.dtype == torch.int8 else F.linear(codes.float(), w)
+
+
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("w_dtype", [torch.int8, torch.float32])
 @pytest.mark.parametrize("m,k,n", [(1, 16, 8), (13, 37, 29), (64, 2048, 96)])
-def test_mm_rescale_equals_the_unfused_rescale(out_dtype, m, k, n):
-    """K = 2048 with full-range codes: int32 sums beyond 2**24, so int -> float rounds too."""
+def test_mm_rescale_equals_the_unfused_rescale(out_dtype, w_dtype, m, k, n):
+    """Both GEMMs (native int8 codes, emulated float32 codes). K = 2048 with full-range codes:
+    sums beyond 2**24, so int -> float (or the float32 sum) rounds too."""
+    if w_dtype == torch.int8 and not int_mm_exact():
+        pytest.skip("torch._int_mm saturates under this ISA cap (suite.hardware.int_mm_exact)")
     g = torch.Generator().manual_seed(m)
     codes = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
-    w, _ = quantize_int8_per_channel(torch.randn(n, k, generator=g))
+    w = quantize_int8_per_channel(torch.randn(n, k, generator=g))[0].to(w_dtype)  # [N, K]
     xs, ws = torch.rand(m, 1, generator=g) + 1e-3, torch.rand(1, n, generator=g) + 1e-3
-    want = torch._int_mm(codes, w.t()).float().mul_(xs).mul_(ws).to(out_dtype)
+    want = _unfused_mm(codes, w).mul_(xs).mul_(ws).to(out_dtype)
     got = fused.mm_rescale(codes, w.t(), xs, ws, out_dtype)
     assert got.dtype == out_dtype and torch.equal(bits(got), bits(want))
     # unit scales: the outputs are the integer sums, so bf16's ties (e.g. 257 -> 256) are hit
     ones_m, ones_n = torch.ones(m, 1), torch.ones(1, n)
-    want = torch._int_mm(codes, w.t()).float().to(out_dtype)
+    want = _unfused_mm(codes, w).to(out_dtype)
     assert torch.equal(bits(fused.mm_rescale(codes, w.t(), ones_m, ones_n, out_dtype)), bits(want))
-
-
-needs_vnni = pytest.mark.skipif(not cpu_features().int8_native,
-                                reason="the engine runs native int8 (and so the fused path) only with VNNI / AMX")
 
 
 def _model(seed: int) -> Transformer:
@@ -96,13 +102,17 @@ def _model(seed: int) -> Transformer:
     return Transformer(ModelConfig(vocab_size=80, **{**PRESETS["tiny"], "d_model": 128}))
 
 
-@needs_vnni
-def test_the_int8_engine_runs_fused_and_samples_the_unfused_bits_across_a_sync():
+# native: torch._int_mm, which is exact with VNNI / AMX only (suite.hardware.int_mm_exact)
+KERNELS = ["emulated"] + (["native"] if cpu_features().int8_native else [])
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_the_int8_engine_runs_fused_and_samples_the_unfused_bits_across_a_sync(kernels):
     """Same tokens and log-probs as the unfused engine, and after a weight sync with new
     values (same shapes) too: the fused path reads the weight buffers each call."""
     m = _model(0)
-    a = RolloutEngine(m, QuantScheme("int8"), kernels="native")
-    b = RolloutEngine(m, QuantScheme("int8"), kernels="native")
+    a = RolloutEngine(m, QuantScheme("int8"), kernels=kernels)
+    b = RolloutEngine(m, QuantScheme("int8"), kernels=kernels)
     set_int8_fused(b.model, False)
     lin = [x for x in a.model.modules() if isinstance(x, Int8Linear)]
     assert len(lin) == 7 * m.cfg.n_layers and all(x.fused for x in lin)
@@ -121,8 +131,9 @@ def test_the_int8_engine_runs_fused_and_samples_the_unfused_bits_across_a_sync()
         a.sync(m2), b.sync(m2)
 
 
-def test_set_int8_fused_refuses_an_emulated_engine():
+def test_set_int8_fused_switches_both_ways():
     e = RolloutEngine(_model(0), QuantScheme("int8"), kernels="emulated")
-    assert not any(x.fused for x in e.model.modules() if isinstance(x, Int8Linear))
-    with pytest.raises(ValueError, match="needs native int8 kernels"):
-        set_int8_fused(e.model, True)
+    set_int8_fused(e.model, False)
+    assert not any(x.fused or x.act_quant.fn.fused for x in e.model.modules() if isinstance(x, Int8Linear))
+    set_int8_fused(e.model, True)
+    assert all(x.fused and x.act_quant.fn.fused for x in e.model.modules() if isinstance(x, Int8Linear))

@@ -6,7 +6,8 @@
 // no reassociation, no reciprocal division):
 //   quant_rows:   amax = max|x| per row, scale = amax / 127, codes = clamp(round(x / s), -127, 127)
 //                 with s = scale, or 1 where scale == 0 (suite.core.quant_formats._int8_core);
-//   mm_rescale:   y = out_dtype((float(acc) * xs) * ws), acc = torch._int_mm(codes, w_t) (Int8Linear).
+//   mm_rescale:   y = out_dtype((float(acc) * xs) * ws), acc = torch._int_mm(codes, w_t), or the float32
+//                 mm of the emulated path (Int8Linear).
 // The row loops are compiled for AVX-512, AVX2 and baseline x86-64 (GCC target_clones; the
 // loader picks the CPU's best at run time), so one build serves every node of a cluster.
 
@@ -110,7 +111,10 @@ std::tuple<at::Tensor, at::Tensor, bool> quant_rows(const at::Tensor& x) {
   return {codes, scales, finite};
 }
 
-SUITE_CLONES void rescale_f32(const int32_t* acc, float s, const float* ws, int64_t N, float* y) {
+// One row of the rescale, y = out((float(acc) * s) * ws): acc int32 (the int8 GEMM's exact sums)
+// or float32 (the emulated GEMM's, already float).
+template <typename A>
+inline void rescale_row_f32(const A* acc, float s, const float* ws, int64_t N, float* y) {
   for (int64_t j = 0; j < N; ++j) {
     float v = static_cast<float>(acc[j]) * s;
     y[j] = v * ws[j];
@@ -118,8 +122,9 @@ SUITE_CLONES void rescale_f32(const int32_t* acc, float s, const float* ws, int6
 }
 
 // float32 -> bfloat16 rounding to nearest even, as c10::BFloat16 and aten's casts do for every
-// non-NaN value (a product of finite scales and an int32 sum is never NaN).
-SUITE_CLONES void rescale_bf16(const int32_t* acc, float s, const float* ws, int64_t N, uint16_t* y) {
+// non-NaN value (a product of finite scales and a finite sum is never NaN).
+template <typename A>
+inline void rescale_row_bf16(const A* acc, float s, const float* ws, int64_t N, uint16_t* y) {
   for (int64_t j = 0; j < N; ++j) {
     float v = static_cast<float>(acc[j]) * s;
     v = v * ws[j];
@@ -129,31 +134,53 @@ SUITE_CLONES void rescale_bf16(const int32_t* acc, float s, const float* ws, int
   }
 }
 
-// codes int8 [M, K], w_t int8 [K, N] (a transposed view is fine), xs float32 [M, 1],
-// ws float32 [1, N] -> out_dtype [M, N].
+SUITE_CLONES void rescale_i32_f32(const int32_t* a, float s, const float* w, int64_t N, float* y) {
+  rescale_row_f32(a, s, w, N, y);
+}
+SUITE_CLONES void rescale_i32_bf16(const int32_t* a, float s, const float* w, int64_t N, uint16_t* y) {
+  rescale_row_bf16(a, s, w, N, y);
+}
+SUITE_CLONES void rescale_f32_f32(const float* a, float s, const float* w, int64_t N, float* y) {
+  rescale_row_f32(a, s, w, N, y);
+}
+SUITE_CLONES void rescale_f32_bf16(const float* a, float s, const float* w, int64_t N, uint16_t* y) {
+  rescale_row_bf16(a, s, w, N, y);
+}
+inline void rescale(const int32_t* a, float s, const float* w, int64_t N, float* y) { rescale_i32_f32(a, s, w, N, y); }
+inline void rescale(const int32_t* a, float s, const float* w, int64_t N, uint16_t* y) { rescale_i32_bf16(a, s, w, N, y); }
+inline void rescale(const float* a, float s, const float* w, int64_t N, float* y) { rescale_f32_f32(a, s, w, N, y); }
+inline void rescale(const float* a, float s, const float* w, int64_t N, uint16_t* y) { rescale_f32_bf16(a, s, w, N, y); }
+
+template <typename A, typename Y>
+void rescale_rows(const A* acc, const float* xs, const float* ws, int64_t M, int64_t N, Y* y) {
+  at::parallel_for(0, M, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) rescale(acc + i * N, xs[i], ws, N, y + i * N);
+  });
+}
+
+// codes int8 [M, K]; w_t [K, N] (a transposed view is fine): int8 codes -> torch._int_mm, or the
+// same codes stored as float32 (the emulated path: an exact float32 GEMM over integers, the very
+// mm F.linear runs); xs float32 [M, 1], ws float32 [1, N] -> out_dtype [M, N].
 at::Tensor mm_rescale(const at::Tensor& codes, const at::Tensor& w_t, const at::Tensor& xs, const at::Tensor& ws,
                       at::ScalarType out_dtype) {
-  at::Tensor acc = at::_int_mm(codes, w_t).contiguous();  // int32 [M, N], exact
+  const bool native = w_t.scalar_type() == at::kChar;
+  TORCH_CHECK(native || w_t.scalar_type() == at::kFloat, "mm_rescale: w_t must be int8 or float32");
+  at::Tensor acc = (native ? at::_int_mm(codes, w_t) : at::mm(codes.to(at::kFloat), w_t)).contiguous();
   const int64_t M = acc.size(0), N = acc.size(1);
   TORCH_CHECK(xs.numel() == M && ws.numel() == N, "mm_rescale: scales do not match [M, N]");
   TORCH_CHECK(xs.scalar_type() == at::kFloat && ws.scalar_type() == at::kFloat, "mm_rescale: scales must be float32");
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16, "mm_rescale: out_dtype must be float32 or bfloat16");
   at::Tensor xsc = xs.contiguous(), wsc = ws.contiguous();
   at::Tensor y = at::empty({M, N}, acc.options().dtype(out_dtype));
-  const int32_t* a = acc.data_ptr<int32_t>();
   const float *sx = xsc.data_ptr<float>(), *sw = wsc.data_ptr<float>();
-  const bool f32 = out_dtype == at::kFloat;
-  float* yf = f32 ? y.data_ptr<float>() : nullptr;
-  uint16_t* yb = f32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  at::parallel_for(0, M, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (f32) {
-        rescale_f32(a + i * N, sx[i], sw, N, yf + i * N);
-      } else {
-        rescale_bf16(a + i * N, sx[i], sw, N, yb + i * N);
-      }
-    }
-  });
+  if (out_dtype == at::kFloat) {
+    if (native) rescale_rows(acc.data_ptr<int32_t>(), sx, sw, M, N, y.data_ptr<float>());
+    else rescale_rows(acc.data_ptr<float>(), sx, sw, M, N, y.data_ptr<float>());
+  } else {
+    uint16_t* yb = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+    if (native) rescale_rows(acc.data_ptr<int32_t>(), sx, sw, M, N, yb);
+    else rescale_rows(acc.data_ptr<float>(), sx, sw, M, N, yb);
+  }
   return y;
 }
 
