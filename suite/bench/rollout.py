@@ -145,12 +145,12 @@ def op_shares(fn) -> dict[str, float]:
 
 
 def engine_path(engine) -> str:
-    """The GEMM path an engine runs: ``native+fused`` (int8 with suite.embedded.fused), ``native``
-    or ``emulated`` (suite.embedded.qlinear)."""
+    """The GEMM path an engine runs: ``native`` or ``emulated`` (suite.embedded.qlinear), with
+    ``+fused`` where int8 runs suite.embedded.fused."""
     from suite.embedded.qlinear import Int8Linear
 
     fused = any(isinstance(m, Int8Linear) and m.fused for m in engine.model.modules())
-    return "native+fused" if fused else ("native" if engine.native else "emulated")
+    return ("native" if engine.native else "emulated") + ("+fused" if fused else "")
 
 
 def build_engines(model, precisions, kernels: str, unfused: bool) -> dict:
@@ -161,7 +161,7 @@ def build_engines(model, precisions, kernels: str, unfused: bool) -> dict:
     from suite.embedded.qlinear import set_int8_fused
 
     engines = {p: RolloutEngine(model, QuantScheme(precision=p), kernels=kernels) for p in precisions}
-    if unfused and "int8" in engines and engine_path(engines["int8"]) == "native+fused":
+    if unfused and "int8" in engines and engine_path(engines["int8"]).endswith("+fused"):
         engines["int8/unfused"] = e = RolloutEngine(model, QuantScheme(precision="int8"), kernels=kernels)
         set_int8_fused(e.model, False)
     return engines
@@ -238,7 +238,7 @@ def cmd_rollout(args) -> int:
     notes = [
         "tokens_per_s = batch * new_tokens / median seconds of one generate call (prefill + decode, "
         "temperature 1); ratios are against fp32 / bf16 measured in the same interleaved rounds",
-        "path: native+fused = int8 with the fused quantize / rescale loops (suite.embedded.fused, the same bits); "
+        "path: +fused = int8 with the fused quantize / rescale loops (suite.embedded.fused, the same bits); "
         "native = low-precision GEMM kernels; emulated = the same numerics as float32 GEMMs "
         "(suite.embedded.engine: chosen where the CPU lacks VNNI / AVX512-BF16 / AMX)",
         "sync_ms = median seconds of RolloutEngine.sync (re-quantization from the fp32 weights)",

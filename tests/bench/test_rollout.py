@@ -27,8 +27,11 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
     rows = json.loads(proc.stdout)  # stdout is the JSON rows and nothing else
     from suite.hardware import cpu_features
 
-    fused = cpu_features().int8_native  # native int8 runs fused; --unfused adds its unfused twin
-    variants = ("fp32", "bf16", "int8", "fp8", "w4a16") + (("int8/unfused",) if fused else ())
+    from suite.embedded import fused
+
+    # int8 runs fused where the extension builds (suite.embedded.fused); --unfused adds its unfused twin
+    twin = fused.available()
+    variants = ("fp32", "bf16", "int8", "fp8", "w4a16") + (("int8/unfused",) if twin else ())
     assert [(r["batch"], r["precision"]) for r in rows] == [(b, p) for b in (2, 3) for p in variants]
     by = {(r["batch"], r["precision"]): r for r in rows}
     for r in rows:
@@ -38,10 +41,12 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
         fp32 = by[(r["batch"], "fp32")]
         assert r["ratio_vs_fp32"] == pytest.approx(r["tokens_per_s"] / fp32["tokens_per_s"], rel=1e-12)
         assert r["sync_ms"] > 0 and r["kernels"] in ("native", "emulated")
-        assert r["path"] in ("native+fused", "native", "emulated") and r["cpu_flags"] == cpu_features().label()
-    assert by[(2, "int8")]["path"] == ("native+fused" if fused else "emulated")
-    if fused:
-        assert by[(2, "int8/unfused")]["path"] == "native"
+        assert r["path"] in ("native", "emulated", "native+fused", "emulated+fused")
+        assert r["cpu_flags"] == cpu_features().label()
+    kernels = "native" if cpu_features().int8_native else "emulated"
+    assert by[(2, "int8")]["path"] == (f"{kernels}+fused" if twin else kernels)
+    if twin:
+        assert by[(2, "int8/unfused")]["path"] == kernels
     assert by[(2, "fp32")]["ratio_vs_fp32"] == 1.0
     # the table files and the profile (shares of one generate call) were written
     md = (tmp_path / "out" / "rollout.md").read_text()
