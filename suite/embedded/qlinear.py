@@ -114,9 +114,10 @@ class Int8Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, native: bool, act_quant: SharedActQuant, device=None):
         super().__init__()
         self.in_features, self.out_features, self.native, self.act_quant = in_features, out_features, native, act_quant
-        if torch.device(device or "cpu").type != "cpu":
+        fused_quant = isinstance(act_quant.fn, Int8ActQuant)  # else a plain quantizer function
+        if fused_quant and torch.device(device or "cpu").type != "cpu":
             act_quant.fn.fused = False  # the extension is CPU code
-        self.fused = act_quant.fn.fused
+        self.fused = fused_quant and act_quant.fn.fused
         # Emulated: the int8 codes stored as float32, for a float32 GEMM over integers.
         code_dtype = torch.int8 if native else torch.float32
         self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=code_dtype, device=device))
@@ -277,9 +278,10 @@ def set_int8_fused(model: nn.Module, on: bool) -> None:
     back, e.g. to time both side by side; ``on`` needs a CPU copy and the built extension."""
     for mod in model.modules():
         if isinstance(mod, Int8Linear):
-            if on and not (mod.codes.device.type == "cpu" and fused_int8.available()):
-                raise ValueError("set_int8_fused(on=True) needs a CPU engine and the fused extension "
-                                 "(suite.embedded.fused.available())")
+            if on and not (mod.codes.device.type == "cpu" and isinstance(mod.act_quant.fn, Int8ActQuant)
+                           and fused_int8.available()):
+                raise ValueError("set_int8_fused(on=True) needs a CPU engine's Int8ActQuant and the fused "
+                                 "extension (suite.embedded.fused.available())")
             mod.fused = mod.act_quant.fn.fused = on
             mod.act_quant.clear()
 
