@@ -96,8 +96,8 @@ class Int8ActQuant:
     float32 [M, 1]), scales computed in float32 from the bf16 activations as vLLM's quant kernels
     do. ``fused``: the C++ loops of suite.embedded.fused (the same bits, fewer aten calls)."""
 
-    def __init__(self, fused: bool):
-        self.fused = fused
+    def __init__(self, fused: bool | None = None):
+        self.fused = fused  # None: decided by the first Int8Linear that reads it (its device)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.fused:
@@ -115,8 +115,8 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.native, self.act_quant = in_features, out_features, native, act_quant
         fused_quant = isinstance(act_quant.fn, Int8ActQuant)  # else a plain quantizer function
-        if fused_quant and torch.device(device or "cpu").type != "cpu":
-            act_quant.fn.fused = False  # the extension is CPU code
+        if fused_quant and act_quant.fn.fused is None:  # the extension is CPU code: no build elsewhere
+            act_quant.fn.fused = torch.device(device or "cpu").type == "cpu" and fused_int8.available()
         self.fused = fused_quant and act_quant.fn.fused
         # Emulated: the int8 codes stored as float32, for a float32 GEMM over integers.
         code_dtype = torch.int8 if native else torch.float32
@@ -270,7 +270,7 @@ def _bf16(lin, scheme, native, act_quant, device):
 
 def _int8_act_quant(scheme: QuantScheme, native: bool) -> Int8ActQuant:
     # Fused wherever the extension builds (CPU): bit-identical, so not part of the run's numerics.
-    return Int8ActQuant(fused=fused_int8.available())
+    return Int8ActQuant()
 
 
 def set_int8_fused(model: nn.Module, on: bool) -> None:
