@@ -145,21 +145,16 @@ def _workload(run) -> str:
     return "wl-" + hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _path(df: pd.DataFrame, i) -> str:
-    """The rollout GEMM path a row ran: the recorded executed path, else its resolved kernels."""
-    return df.at[i, "kernels_executed"] or df.at[i, "kernels"]
-
-
 def _reference(df: pd.DataFrame, i) -> int | None:
     """Index of the row a throughput row's speed-up is over: a bf16 row (else fp32) of the same
     workload with finished runs; among several, the papers' baseline (naive, s = 1), then the
-    row with the most runs. A bf16 reference ran the row's GEMM path (native or emulated): a
-    speed-up never divides a native row by an emulated one (fp32 has one path)."""
+    row with the most runs. A bf16 reference ran the row's GEMM path (`kernels_executed`, native
+    or emulated): a speed-up never divides a native row by an emulated one (fp32 has one path)."""
     same = df[(df["workload"] == df.at[i, "workload"]) & (df["n"] > 0)]
     for prec in FULL:
         cand = same[same["precision"] == prec]
         if prec != "fp32" and df.at[i, "precision"] != "fp32":
-            cand = cand[[_path(df, j) == _path(df, i) for j in cand.index]]
+            cand = cand[cand["kernels_executed"] == df.at[i, "kernels_executed"]]
         if len(cand):
             order = cand.assign(_b=~((cand["correction"] == "naive") & (cand["uaq_s"] == 1.0)))
             return order.sort_values(["_b", "n"], ascending=[True, False], kind="stable").index[0]
@@ -180,6 +175,8 @@ def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
     r["sync_share"] = r["sync_s"] / r["step_s"]
     r["gen_share"] = r["gen_s"] / r["step_s"]
     r["workload"] = [_workload(row) for _, row in r.iterrows()]
+    # a run that ended before it was tagged ran the path its config resolved to
+    r["kernels_executed"] = [e or k for e, k in zip(r["kernels_executed"], r["kernels"])]
     # runs of one cell that ran different GEMM paths (node types of a cluster) are separate rows
     df = pooled_frame(r, "gen_tokens_per_s", axes=(*ROW_AXES, "kernels_executed", "workload"),
                       extra={"sync_s": lambda d: finished_mean(d, "sync_s"),
