@@ -94,6 +94,8 @@ def machine_info() -> dict[str, Any]:
     """CPU features that decide which kernels are fast (detected at run time), torch, threads, CUDA."""
     import torch
 
+    from suite.hardware import cpu_features
+
     info: dict[str, Any] = {
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
@@ -106,6 +108,8 @@ def machine_info() -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "",
         "python": platform.python_version(),
+        # what the kernel choices saw: the detected flags lowered by an ISA cap (suite.hardware)
+        "cpu_flags": cpu_features().label(),
     }
     try:
         info["loadavg_1m"] = round(os.getloadavg()[0], 2)

@@ -32,11 +32,13 @@ from suite.bench.common import (
     set_threads,
     spread,
 )
+from suite.bench.vllm_peer import VLLM_PYTHON
 
-DTYPES = ("fp32", "bf16")
+DTYPES = ("fp32", "bf16", "int8")  # int8: our W8A8 engine against vLLM's (HF has no W8A8 CPU path)
 COLUMNS = ("model", "batch", "new_tokens", "dtype", "kernels", "ours_tokens_per_s", "hf_tokens_per_s",
-           "ratio_vs_hf", "ours_spread", "hf_spread", "tokens_match", "logits_max_abs_diff", "ours_ops_per_token",
-           "hf_ops_per_token", "ours_gemm_share", "hf_gemm_share")
+           "ratio_vs_hf", "vllm_tokens_per_s", "ratio_vs_vllm", "ours_spread", "hf_spread", "tokens_match",
+           "vllm_tokens_match", "logits_max_abs_diff", "ours_ops_per_token", "hf_ops_per_token", "ours_gemm_share",
+           "hf_gemm_share")
 
 
 def register(sub) -> None:
@@ -46,7 +48,10 @@ def register(sub) -> None:
     p.add_argument("--batch", default="8,64", help="sequences decoded at once, comma-separated (default 8,64)")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per sequence (default 32)")
     p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence (default 16)")
-    p.add_argument("--dtypes", default="fp32", help="fp32 and/or bf16, comma-separated (default fp32)")
+    p.add_argument("--dtypes", default="fp32", help="fp32, bf16, int8 (vLLM only), comma-separated (default fp32)")
+    p.add_argument("--vllm-python", default=VLLM_PYTHON,
+                   help="Python of a vLLM CPU environment: adds vLLM as a peer (default %(default)s; "
+                        "skipped with a note where it does not exist; '' = off)")
     add_common_args(p)
     p.set_defaults(func=cmd_peer)
 
@@ -88,12 +93,16 @@ def ours_generate(engine, prompts, new_tokens: int):
 
 
 def run_peer(models, batches, new_tokens: int, dtypes, *, prompt_len: int, repeats: int, warmup: int,
-             gain: float = 4.0) -> list[dict]:
+             gain: float = 4.0, vllm_python: str | None = None, threads: int = 0) -> list[dict]:
     """The benchmark: rows as in COLUMNS. ``gain`` scales the random weights so that greedy
-    decoding has clear winners (suite.bench.rollout.bench_model)."""
+    decoding has clear winners (suite.bench.rollout.bench_model). ``vllm_python``: a vLLM CPU
+    environment's Python, for vLLM as a third peer (None: without it; dtype int8 needs it)."""
+    import tempfile
+
     import torch
 
-    from suite.bench.rollout import bench_model, bench_prompts, op_shares
+    from suite.bench.rollout import bench_model, bench_prompts
+    from suite.bench.vllm_peer import VllmPeer, export_model
     from suite.core.quant import QuantScheme
     from suite.embedded.engine import RolloutEngine
 
@@ -101,39 +110,67 @@ def run_peer(models, batches, new_tokens: int, dtypes, *, prompt_len: int, repea
     for preset in models:
         model = bench_model(preset, gain=gain)
         for dt in dtypes:
-            torch_dtype = torch.float32 if dt == "fp32" else torch.bfloat16
-            hf = hf_llama(model, torch_dtype)
+            hf = hf_llama(model, torch.float32 if dt == "fp32" else torch.bfloat16) if dt != "int8" else None
             engine = RolloutEngine(model, QuantScheme(precision=dt))
             for batch in batches:
                 prompts = bench_prompts(batch, prompt_len, model.cfg.vocab_size, seed=1)
                 ids = torch.tensor(prompts)  # [B, P], equal lengths: no padding on either side
                 note(f"peer: model={preset} dtype={dt} batch={batch} new_tokens={new_tokens}")
-                ours_tok = ours_generate(engine, prompts, new_tokens)
-                hf_tok = hf_generate(hf, ids, new_tokens)
-                full = torch.cat([ids, hf_tok], 1)  # [B, P + R]
-                with torch.no_grad():
-                    a = engine.logits(full).float()  # [B, P + R, V]
-                    b = hf(input_ids=full).logits.float()  # [B, P + R, V]
-                times = interleaved({"ours": lambda: ours_generate(engine, prompts, new_tokens),
-                                     "hf": lambda: hf_generate(hf, ids, new_tokens)}, repeats, warmup)
-                # What bounds the ratio: aten operator calls per decoded token (eager dispatch
-                # overhead) and the GEMM share of self CPU time, one profiled call each.
-                po = op_shares(lambda: ours_generate(engine, prompts, new_tokens))
-                ph = op_shares(lambda: hf_generate(hf, ids, new_tokens))
-                ours_tps = batch * new_tokens / median(times["ours"])
-                hf_tps = batch * new_tokens / median(times["hf"])
-                rows.append({
-                    "model": preset, "batch": batch, "new_tokens": new_tokens, "prompt_len": prompt_len, "dtype": dt,
-                    "kernels": "native" if engine.native else "emulated",
-                    "ours_tokens_per_s": ours_tps, "hf_tokens_per_s": hf_tps, "ratio_vs_hf": ours_tps / hf_tps,
-                    "ours_spread": spread(times["ours"]), "hf_spread": spread(times["hf"]),
-                    "tokens_match": float((ours_tok == hf_tok).float().mean()),
-                    "logits_max_abs_diff": float((a - b).abs().max()),
-                    "ours_ops_per_token": po["aten_calls"] / new_tokens, "hf_ops_per_token": ph["aten_calls"] / new_tokens,
-                    "ours_gemm_share": po["gemm"], "hf_gemm_share": ph["gemm"],
-                    "repeats": repeats,
-                })
+                fns = {"ours": lambda: ours_generate(engine, prompts, new_tokens)}
+                if hf is not None:
+                    fns["hf"] = lambda: hf_generate(hf, ids, new_tokens)
+                vllm = None
+                with tempfile.TemporaryDirectory(prefix="suite-peer-vllm-") as folder:
+                    if vllm_python:
+                        vllm = VllmPeer(vllm_python, folder, export_model(model, folder, dt), prompts, new_tokens,
+                                        threads)
+                        note(f"  vLLM {vllm.version} ready ({vllm.init_s:.0f} s to start)")
+                        fns["vllm"] = vllm.generate
+                    try:
+                        row = _measure(fns, engine, hf, ids, prompts, new_tokens, repeats, warmup)
+                    finally:
+                        if vllm is not None:
+                            vllm.close()
+                row.update({"model": preset, "batch": batch, "new_tokens": new_tokens, "prompt_len": prompt_len,
+                            "dtype": dt, "kernels": "native" if engine.native else "emulated",
+                            "vllm": vllm.version if vllm else "", "repeats": repeats})
+                rows.append(row)
     return rows
+
+
+def _measure(fns, engine, hf, ids, prompts, new_tokens: int, repeats: int, warmup: int) -> dict:
+    """One row's numbers: tokens/s of each peer in ``fns`` (timed interleaved), whether the
+    greedy tokens and logits agree with ours, and the profile of ours and HF's calls."""
+    import torch
+
+    from suite.bench.rollout import op_shares
+
+    nan = float("nan")
+    batch = len(prompts)
+    ours_tok = fns["ours"]()
+    toks = {name: fn() for name, fn in fns.items() if name != "ours"}  # [B, R] each
+    times = interleaved(fns, repeats, warmup)
+    tps = {name: batch * new_tokens / median(t) for name, t in times.items()}
+    row = {"ours_tokens_per_s": tps["ours"], "ours_spread": spread(times["ours"])}
+    for name in ("hf", "vllm"):
+        row[f"{name}_tokens_per_s"] = tps.get(name, nan)
+        row[f"ratio_vs_{name}"] = tps["ours"] / tps[name] if name in tps else nan
+    row["hf_spread"] = spread(times["hf"]) if "hf" in times else nan
+    row["vllm_tokens_match"] = float((toks["vllm"] == ours_tok).float().mean()) if "vllm" in toks else nan
+    # What bounds the ratio: aten operator calls per decoded token (eager dispatch overhead)
+    # and the GEMM share of self CPU time, one profiled call each.
+    po = op_shares(fns["ours"])
+    row.update({"ours_ops_per_token": po["aten_calls"] / new_tokens, "ours_gemm_share": po["gemm"]})
+    if hf is None:
+        return {**row, "tokens_match": nan, "logits_max_abs_diff": nan, "hf_ops_per_token": nan, "hf_gemm_share": nan}
+    full = torch.cat([ids, toks["hf"]], 1)  # [B, P + R]
+    with torch.no_grad():
+        a = engine.logits(full).float()  # [B, P + R, V]
+        b = hf(input_ids=full).logits.float()  # [B, P + R, V]
+    ph = op_shares(fns["hf"])
+    return {**row, "tokens_match": float((ours_tok == toks["hf"]).float().mean()),
+            "logits_max_abs_diff": float((a - b).abs().max()), "hf_ops_per_token": ph["aten_calls"] / new_tokens,
+            "hf_gemm_share": ph["gemm"]}
 
 
 def cmd_peer(args) -> int:
@@ -149,12 +186,25 @@ def cmd_peer(args) -> int:
     except BenchError as exc:
         note(f"suite bench peer: {exc}")
         return 2
+    from suite.bench.vllm_peer import vllm_missing
+
+    vllm_python = args.vllm_python or None
+    why = vllm_missing(vllm_python) if vllm_python else "--vllm-python=''"
+    if why:
+        note(f"suite bench peer: vLLM peer skipped: {why}")
+        vllm_python = None
+        if "int8" in dtypes:
+            note("suite bench peer: --dtypes int8 needs the vLLM peer (Hugging Face has no W8A8 CPU path); "
+                 "int8 skipped")
+            dtypes = [d for d in dtypes if d != "int8"]
+            if not dtypes:
+                return 2
     set_threads(args.threads)
     info = machine_info()
     import transformers
 
     rows = run_peer(models, batches, args.new_tokens, dtypes, prompt_len=args.prompt_len, repeats=args.repeats,
-                    warmup=args.warmup)
+                    warmup=args.warmup, vllm_python=vllm_python, threads=args.threads)
     notes = [f"Hugging Face transformers {transformers.__version__}, LlamaForCausalLM.generate (greedy, KV cache)",
              "ratio_vs_hf = our tokens/s / HF tokens/s, same weights, prompts, batch, new tokens and dtype",
              "tokens_match = fraction of greedy tokens identical; logits_max_abs_diff = max |ours - HF| of the "
@@ -162,10 +212,21 @@ def cmd_peer(args) -> int:
              "*_ops_per_token: aten operator calls per decode step (profiler, one call); *_gemm_share: share of self "
              "CPU time in GEMMs (mm / addmm / linear)"]
     notes.append("target ours >= 2x HF tokens/s: " + ", ".join(
-        f"{r['model']} b{r['batch']} {r['dtype']} {r['ratio_vs_hf']:.2f}x" for r in rows))
-    metrics = {f"peer/{r['model']}/b{r['batch']}/{r['dtype']}/ratio_vs_hf": r["ratio_vs_hf"] for r in rows}
+        f"{r['model']} b{r['batch']} {r['dtype']} {r['ratio_vs_hf']:.2f}x" for r in rows if r["dtype"] != "int8"))
+    if vllm_python:
+        notes.append(f"vLLM {rows[0]['vllm'] if rows else '?'} (CPU build, {vllm_python}), in-process engine, "
+                     "enforce_eager, greedy, ignore_eos; one call = one LLM.generate in its child process (the "
+                     "time includes the line-protocol round trip, ~ms); int8 = a compressed-tensors W8A8 "
+                     "checkpoint of our per-channel codes and scales, per-token dynamic activations "
+                     "(suite.bench.vllm_peer); vllm_tokens_match = fraction of greedy tokens equal to ours")
+        notes.append("ours vs vLLM: " + ", ".join(
+            f"{r['model']} b{r['batch']} {r['dtype']} {r['ratio_vs_vllm']:.2f}x" for r in rows))
+    else:
+        notes.append(f"vLLM peer skipped: {why}")
+    metrics = {f"peer/{r['model']}/b{r['batch']}/{r['dtype']}/ratio_vs_{p}": r[f"ratio_vs_{p}"]
+               for r in rows for p in ("hf", "vllm")}
     params = {"models": args.models, "batch": args.batch, "new_tokens": args.new_tokens,
               "prompt_len": args.prompt_len, "dtypes": args.dtypes, "repeats": args.repeats,
-              "transformers": transformers.__version__}
+              "transformers": transformers.__version__, "vllm_python": vllm_python or ""}
     emit(args, "peer", "peer", info, rows, COLUMNS, notes, params, metrics)
     return 0

@@ -34,9 +34,9 @@ from suite.bench.common import (
 )
 from suite.core.quant import PRECISIONS  # the quantizer registry: every precision
 
-COLUMNS = ("model", "d_model", "batch", "new_tokens", "precision", "kernels", "tokens_per_s", "ratio_vs_fp32",
+COLUMNS = ("model", "d_model", "batch", "new_tokens", "precision", "path", "tokens_per_s", "ratio_vs_fp32",
            "ratio_vs_bf16", "gen_s", "spread", "sync_ms", "sync_pct_of_gen")
-PROFILE_COLUMNS = ("model", "batch", "precision", "gemm", "attention", "act_quant", "sampling", "other", "total_s",
+PROFILE_COLUMNS = ("model", "batch", "precision", "path", "gemm", "attention", "act_quant", "sampling", "other", "total_s",
                    "aten_calls")
 
 
@@ -49,6 +49,8 @@ def register(sub) -> None:
     p.add_argument("--new-tokens", default="32", help="tokens decoded per sequence, comma-separated (default 32)")
     p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence (default 16)")
     p.add_argument("--kernels", default="auto", help="engine kernels: auto | native | emulated (default auto)")
+    p.add_argument("--unfused", action="store_true",
+                   help="also time int8 with its unfused W8A8 path (where the fused one runs), side by side")
     p.add_argument("--profile", action="store_true",
                    help="also profile one generate call per precision (largest batch): time by operator group")
     add_common_args(p)
@@ -106,7 +108,8 @@ def _check(args) -> tuple[list[str], list[str], list[int], list[int]]:
 _GEMM_OPS = ("aten::mm", "aten::addmm", "aten::_int_mm", "aten::_scaled_mm", "aten::linear")
 _ATTN_OPS = ("aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::masked_fill", "aten::masked_fill_")
 _QUANT_OPS = ("aten::round", "aten::round_", "aten::clamp", "aten::clamp_", "aten::aminmax", "aten::maximum",
-              "aten::div", "aten::where", "aten::_to_copy", "aten::copy_")
+              "aten::div", "aten::where", "aten::_to_copy", "aten::copy_",
+              "suite_fused::quant_rows", "suite_fused::mm_rescale")  # the fused loops (self time: no GEMM)
 _SAMPLE_OPS = ("aten::multinomial", "aten::_log_softmax", "aten::exp", "aten::exponential_", "aten::gather",
                "aten::argmax", "aten::sort", "aten::cumsum", "aten::scatter")
 
@@ -141,19 +144,43 @@ def op_shares(fn) -> dict[str, float]:
     return out
 
 
-def run_rollout(models, precisions, batches, new_tokens, *, prompt_len: int, repeats: int, warmup: int,
-                kernels: str = "auto", profile: bool = False) -> tuple[list[dict], list[dict]]:
-    """The benchmark itself: (rows, profile rows). Rows as in COLUMNS."""
-    import torch
+def engine_path(engine) -> str:
+    """The GEMM path an engine runs: ``native`` or ``emulated`` (suite.embedded.qlinear), with
+    ``+fused`` where int8 runs suite.embedded.fused."""
+    from suite.embedded.qlinear import Int8Linear
 
+    fused = any(isinstance(m, Int8Linear) and m.fused for m in engine.model.modules())
+    return ("native" if engine.native else "emulated") + ("+fused" if fused else "")
+
+
+def build_engines(model, precisions, kernels: str, unfused: bool) -> dict:
+    """One RolloutEngine per precision, plus ``int8/unfused`` (its fused path switched off) when
+    ``unfused`` and the int8 engine runs fused: variant name -> engine."""
     from suite.core.quant import QuantScheme
     from suite.embedded.engine import RolloutEngine
+    from suite.embedded.qlinear import set_int8_fused
 
+    engines = {p: RolloutEngine(model, QuantScheme(precision=p), kernels=kernels) for p in precisions}
+    if unfused and "int8" in engines and engine_path(engines["int8"]).endswith("+fused"):
+        engines["int8/unfused"] = e = RolloutEngine(model, QuantScheme(precision="int8"), kernels=kernels)
+        set_int8_fused(e.model, False)
+    return engines
+
+
+def run_rollout(models, precisions, batches, new_tokens, *, prompt_len: int, repeats: int, warmup: int,
+                kernels: str = "auto", profile: bool = False, unfused: bool = False) -> tuple[list[dict], list[dict]]:
+    """The benchmark itself: (rows, profile rows). Rows as in COLUMNS; ``unfused`` adds an
+    ``int8/unfused`` variant (see build_engines)."""
+    import torch
+
+    from suite.hardware import cpu_features
+
+    flags = cpu_features().label()
     rows: list[dict] = []
     prof_rows: list[dict] = []
     for preset in models:
         model = bench_model(preset)
-        engines = {p: RolloutEngine(model, QuantScheme(precision=p), kernels=kernels) for p in precisions}
+        engines = build_engines(model, precisions, kernels, unfused)
         # Weight sync, interleaved across precisions (at least 5 rounds: it is cheap).
         sync_t = interleaved({p: (lambda e=e: e.sync(model)) for p, e in engines.items()},
                              repeats=max(5, repeats), warmup=warmup)
@@ -172,12 +199,13 @@ def run_rollout(models, precisions, batches, new_tokens, *, prompt_len: int, rep
                 times = interleaved({p: (lambda e=e: gen(e)) for p, e in engines.items()}, repeats, warmup,
                                     on_round=lambda r: note(f"  round {r + 1}/{repeats}"))
                 tps = {p: batch * n / median(t) for p, t in times.items()}
-                for p in precisions:
+                for p in engines:
                     gen_s = median(times[p])
                     rows.append({
                         "model": preset, "d_model": model.cfg.d_model, "batch": batch, "new_tokens": n,
                         "prompt_len": prompt_len, "precision": p,
-                        "kernels": "native" if engines[p].native else "emulated",
+                        "kernels": "native" if engines[p].native else "emulated", "path": engine_path(engines[p]),
+                        "cpu_flags": flags,
                         "tokens_per_s": tps[p],
                         "ratio_vs_fp32": tps[p] / tps["fp32"] if "fp32" in tps else float("nan"),
                         "ratio_vs_bf16": tps[p] / tps["bf16"] if "bf16" in tps else float("nan"),
@@ -191,7 +219,8 @@ def run_rollout(models, precisions, batches, new_tokens, *, prompt_len: int, rep
                 shares = op_shares(lambda e=e: e.generate(prompts, max_new_tokens=n, temperature=1.0, top_p=1.0,
                                                           stop_id=-1, pad_id=0,
                                                           generator=torch.Generator().manual_seed(0)))
-                prof_rows.append({"model": preset, "batch": batch, "new_tokens": n, "precision": p, **shares})
+                prof_rows.append({"model": preset, "batch": batch, "new_tokens": n, "precision": p,
+                                  "path": engine_path(e), **shares})
     return rows, prof_rows
 
 
@@ -205,19 +234,20 @@ def cmd_rollout(args) -> int:
     info = machine_info()
     rows, prof_rows = run_rollout(models, precisions, batches, new_tokens, prompt_len=args.prompt_len,
                                   repeats=args.repeats, warmup=args.warmup, kernels=args.kernels,
-                                  profile=args.profile)
+                                  profile=args.profile, unfused=args.unfused)
     notes = [
         "tokens_per_s = batch * new_tokens / median seconds of one generate call (prefill + decode, "
         "temperature 1); ratios are against fp32 / bf16 measured in the same interleaved rounds",
-        "kernels: native = low-precision GEMM kernels; emulated = the same numerics as float32 GEMMs "
+        "path: +fused = int8 with the fused quantize / rescale loops (suite.embedded.fused, the same bits); "
+        "native = low-precision GEMM kernels; emulated = the same numerics as float32 GEMMs "
         "(suite.embedded.engine: chosen where the CPU lacks VNNI / AVX512-BF16 / AMX)",
         "sync_ms = median seconds of RolloutEngine.sync (re-quantization from the fp32 weights)",
     ]
     for r in rows:
-        if r["precision"] == "int8" and r["d_model"] >= 512 and r["batch"] == 64:
+        if r["precision"].startswith("int8") and r["d_model"] >= 512 and r["batch"] == 64:
             notes.append(f"target INT8 >= 1.8x fp32 and >= 1.2x bf16 tokens/s (d_model >= 512, batch 64): "
                          f"{r['model']} n={r['new_tokens']}: {r['ratio_vs_fp32']:.2f}x fp32, "
-                         f"{r['ratio_vs_bf16']:.2f}x bf16 ({r['kernels']} kernels)")
+                         f"{r['ratio_vs_bf16']:.2f}x bf16 ({r['precision']}, {r['path']}, CPU {r['cpu_flags']})")
     if prof_rows:
         from suite.bench.common import table
 
@@ -231,6 +261,6 @@ def cmd_rollout(args) -> int:
         metrics[f"{key}/sync_ms"] = r["sync_ms"]
     params = {"models": args.models, "precisions": args.precisions, "batch": args.batch,
               "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats,
-              "warmup": args.warmup, "kernels": args.kernels}
+              "warmup": args.warmup, "kernels": args.kernels, "unfused": args.unfused}
     emit(args, "rollout", "rollout", info, rows, COLUMNS, notes, params, metrics)
     return 0

@@ -66,10 +66,13 @@ def _configs(overrides: list[str], precisions: list[str]) -> dict:
     for ov in overrides:
         if ov.split("=", 1)[0].lstrip("+~") in ("quant", "quant.precision"):
             raise BenchError(f"override {ov!r}: the precision is the benchmark's axis; use --precisions")
+    # The trainer in the dtype `train.autocast=auto` picks on this machine (bf16 where bf16 GEMMs
+    # are native), unless the overrides choose one: the step ratio is then the machine's own.
+    own = any(ov.split("=", 1)[0].lstrip("+~") == "train.autocast" for ov in overrides)
     cfgs = {}
     for p in precisions:
         try:
-            cfgs[p] = compose_config(list(overrides) + [f"quant={p}"])
+            cfgs[p] = compose_config(list(overrides) + ([] if own else ["train.autocast=auto"]) + [f"quant={p}"])
         except (ConfigError, HydraException, OmegaConfBaseException) as exc:
             raise BenchError(f"quant={p} {' '.join(overrides)}: {exc}") from None
         if cfgs[p].backend.name != "embedded":
@@ -80,6 +83,7 @@ def _configs(overrides: list[str], precisions: list[str]) -> dict:
 def run_step(cfgs: dict, *, repeats: int, warmup: int) -> tuple[list[dict], dict]:
     """Build one EmbeddedRun per precision and time its steps interleaved: (rows, config summary)."""
     from suite.embedded.trainer import EmbeddedRun
+    from suite.hardware import resolve_autocast
 
     tmp = tempfile.mkdtemp(prefix="suite-bench-step-")
     try:
@@ -124,7 +128,8 @@ def run_step(cfgs: dict, *, repeats: int, warmup: int) -> tuple[list[dict], dict
     summary = {"model": c.model.preset, "algo": c.algo.name, "correction": c.correction.mode,
                "rollouts_per_step": c.rollout.prompts_per_step * c.algo.group_size,
                "max_new_tokens": c.rollout.max_new_tokens, "minibatches": c.train.minibatches,
-               "epochs": c.train.epochs, "autocast": c.train.autocast}
+               "epochs": c.train.epochs, "autocast": c.train.autocast,
+               "trainer_dtype": resolve_autocast(c.train.autocast)}
     return rows, summary
 
 
@@ -151,8 +156,19 @@ def cmd_step(args) -> int:
         if "fp32" in by:
             i8 = by["int8"]
             notes.append(f"target INT8 step >= 1.3x faster than fp32: {i8['step_speedup_vs_fp32']:.2f}x "
-                         f"(rollout tokens/s {i8['gen_ratio_vs_fp32']:.2f}x; the fp32 trainer part, prox + train, "
-                         f"is {100 * by['fp32']['train_share']:.0f}% of the fp32 step)")
+                         f"(rollout tokens/s {i8['gen_ratio_vs_fp32']:.2f}x; the trainer part, prox + train, "
+                         f"is {100 * by['fp32']['train_share']:.0f}% of the fp32 step; trainer dtype "
+                         f"{summary['trainer_dtype']})")
+            rest = i8["step_s"] - i8["gen_s"] - i8["sync_s"]  # what the rollout cannot speed up
+            notes.append(f"bound: with a free INT8 rollout and sync the step would be "
+                         f"{by['fp32']['step_s'] / rest:.2f}x fp32's (prox + train + other = {rest:.3f} s)")
+    trains = [r["train_s"] / r["response_len"] for r in rows if r["response_len"] > 0]
+    if len(trains) > 1 and max(trains) > 1.2 * min(trains):
+        # Every precision runs the same trainer: per response token its phase should take the same
+        # time, so a gap is the shared machine's load moving between rounds, not the precision.
+        notes.append(f"warning: train_s per response token differs {max(trains) / min(trains):.2f}x across "
+                     f"precisions for the same trainer: the machine's load moved; step ratios of this run are "
+                     f"unreliable (gen_ratio_vs_fp32 is less affected)")
     metrics = {}
     for r in rows:
         for k in ("step_s", "sync_s", "gen_s", "prox_s", "train_s", "step_speedup_vs_fp32", "gen_tokens_per_s"):

@@ -46,6 +46,7 @@ from suite.core.quant import (
     quantize_int8_per_channel,
     quantize_int8_per_token,
 )
+from suite.embedded import fused as fused_int8
 
 # The block linears a rollout engine quantizes (vLLM keeps embeddings, norms, lm_head in 16 bit).
 QUANTIZED_LINEARS = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.w_gate", "mlp.w_up", "mlp.w_down")
@@ -90,13 +91,33 @@ def _int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch._int_mm(a, b)
 
 
+class Int8ActQuant:
+    """The int8 engine's per-token activation quantizer, x [M, K] -> (codes int8 [M, K], scales
+    float32 [M, 1]), scales computed in float32 from the bf16 activations as vLLM's quant kernels
+    do. ``fused``: the C++ loops of suite.embedded.fused (the same bits, fewer aten calls)."""
+
+    def __init__(self, fused: bool | None = None):
+        self.fused = fused  # None: decided by the first Int8Linear that reads it (its device)
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused:
+            return fused_int8.quant_rows(x)
+        return quantize_int8_per_token(x.float())
+
+
 class Int8Linear(nn.Module):
     """W8A8 linear (QuRL Sec. 3; SmoothQuant / vLLM W8A8 layout): int8 per-output-channel
-    weights, int8 per-token dynamic activations, integer GEMM, float rescale."""
+    weights, int8 per-token dynamic activations, integer GEMM, float rescale. ``fused`` (CPU):
+    the GEMM and its rescale as one call of suite.embedded.fused, the same bits as the unfused
+    ``_int_mm`` (or emulated ``F.linear``) + ``mul_`` + ``to``."""
 
     def __init__(self, in_features: int, out_features: int, native: bool, act_quant: SharedActQuant, device=None):
         super().__init__()
         self.in_features, self.out_features, self.native, self.act_quant = in_features, out_features, native, act_quant
+        fused_quant = isinstance(act_quant.fn, Int8ActQuant)  # else a plain quantizer function
+        if fused_quant and act_quant.fn.fused is None:  # the extension is CPU code: no build elsewhere
+            act_quant.fn.fused = torch.device(device or "cpu").type == "cpu" and fused_int8.available()
+        self.fused = fused_quant and act_quant.fn.fused
         # Emulated: the int8 codes stored as float32, for a float32 GEMM over integers.
         code_dtype = torch.int8 if native else torch.float32
         self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=code_dtype, device=device))
@@ -110,6 +131,9 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xq, xs = self.act_quant(x)  # int8 [M, K], f32 [M, 1]
+        if self.fused:
+            y = fused_int8.mm_rescale(xq, self.codes.t(), xs, self.scale, x.dtype)  # [M, N]
+            return y.view(*x.shape[:-1], self.out_features)  # [..., N]
         if self.native:
             acc = _int_mm(xq, self.codes.t()).float()  # [M, N] int32 -> f32
         else:
@@ -244,8 +268,25 @@ def _bf16(lin, scheme, native, act_quant, device):
     return None if native else _own(Bf16EmulatedLinear(lin.in_features, lin.out_features, device))
 
 
-# Scales are computed in float32 from the bf16 activations, as vLLM's quant kernels do.
-@register_engine_linear("int8", act_quant=lambda scheme, native: lambda x: quantize_int8_per_token(x.float()))
+def _int8_act_quant(scheme: QuantScheme, native: bool) -> Int8ActQuant:
+    # Fused wherever the extension builds (CPU): bit-identical, so not part of the run's numerics.
+    return Int8ActQuant()
+
+
+def set_int8_fused(model: nn.Module, on: bool) -> None:
+    """Switch every Int8Linear of ``model`` (and its activation quantizers) to the fused path or
+    back, e.g. to time both side by side; ``on`` needs a CPU copy and the built extension."""
+    for mod in model.modules():
+        if isinstance(mod, Int8Linear):
+            if on and not (mod.codes.device.type == "cpu" and isinstance(mod.act_quant.fn, Int8ActQuant)
+                           and fused_int8.available()):
+                raise ValueError("set_int8_fused(on=True) needs a CPU engine's Int8ActQuant and the fused "
+                                 "extension (suite.embedded.fused.available())")
+            mod.fused = mod.act_quant.fn.fused = on
+            mod.act_quant.clear()
+
+
+@register_engine_linear("int8", act_quant=_int8_act_quant)
 def _int8(lin, scheme, native, act_quant, device):
     return _own(Int8Linear(lin.in_features, lin.out_features, native, act_quant, device))
 

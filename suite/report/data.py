@@ -48,7 +48,7 @@ AXES = ("backend", "precision", "correction", "uaq_s", "algo", "task", "model", 
 RUN_COLUMNS = (
     "mlflow_run_id", "run_name", "experiment_id", "status", "start_time", "end_time",
     "parent_run_id", "sweep", "cell", "run_id", *AXES, "trainer_dtype", "fp8_granularity", "kernels",
-    "bf16_kernels", "uaq_group_lr_s", "lr", "steps", "method", "group_key", "config",
+    "bf16_kernels", "kernels_executed", "uaq_group_lr_s", "lr", "steps", "method", "group_key", "config",
 )
 # Identity columns the step-by-step history carries beside the axes.
 HISTORY_IDENTITY = ("trainer_dtype", "fp8_granularity", "kernels", "bf16_kernels", "uaq_group_lr_s", "steps",
@@ -56,7 +56,7 @@ HISTORY_IDENTITY = ("trainer_dtype", "fp8_granularity", "kernels", "bf16_kernels
 # Text columns of the run frame (read back from runs.csv as text, never as numbers).
 TEXT_COLUMNS = ("mlflow_run_id", "run_name", "experiment_id", "status", "parent_run_id", "sweep", "run_id", "backend",
                 "precision", "correction", "algo", "task", "model", "trainer_dtype", "fp8_granularity", "kernels",
-                "bf16_kernels", "method", "group_key", "config")
+                "bf16_kernels", "kernels_executed", "method", "group_key", "config")
 # Metrics read step by step into `RunData.history` (MLflow names: docs/metrics.md, with `@`
 # sanitized to `_at_`). Held-out accuracy is task specific; `load_runs` adds its keys.
 HISTORY_KEYS = (
@@ -191,6 +191,8 @@ def _run_row(run) -> dict:
         "sweep": tags.get("sweep", ""),
         "cell": _int_or_na(tags.get("cell")),
         "run_id": tags.get("run_id", ""),
+        # the rollout GEMM path that ran (suite.hardware.executed_kernels); "" = not recorded
+        "kernels_executed": tags.get("kernels_executed", ""),
     }
     _identity(row, tags, params, logged_before_rename(tags))
     # Latest value of every metric (MLflow: the value at the largest step), for the tables' "final".
@@ -213,9 +215,10 @@ def coerce_runs(df: pd.DataFrame) -> pd.DataFrame:
     """Give the run frame its dtypes (also after a CSV round trip, as the notebook does), the
     identity columns a frame lacks (IDENTITY_DEFAULTS), a group key on every row and `method`."""
     df = df.copy()
-    for col, default in IDENTITY_DEFAULTS.items():
+    for col, default in {**IDENTITY_DEFAULTS, "kernels_executed": ""}.items():
         if col not in df.columns:
             df[col] = default
+    df["kernels_executed"] = df["kernels_executed"].fillna("").astype(str)
     for col in ("cell", "seed", "steps"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
     for col in ("uaq_s", "lr", ACC):

@@ -241,7 +241,8 @@ def visibility_vs_s(runs: pd.DataFrame):
 def _bar_labels(thr: pd.DataFrame) -> list[str]:
     """One legend label per throughput row: precision (with FP8 granularity) plus every identity
     axis that varies between rows of one model, so two configurations never share a bar."""
-    cols = [c for c in ("method", "uaq_s", "uaq_group_lr_s", "lr", "steps", "trainer_dtype", "kernels", "bf16_kernels",
+    cols = [c for c in ("method", "uaq_s", "uaq_group_lr_s", "lr", "steps", "trainer_dtype", "kernels",
+                        "kernels_executed", "bf16_kernels",
                         "task", "algo", "backend", "variant") if thr[c].nunique(dropna=False) > 1]
     labels = []
     for _, r in thr.iterrows():

@@ -148,10 +148,13 @@ def _workload(run) -> str:
 def _reference(df: pd.DataFrame, i) -> int | None:
     """Index of the row a throughput row's speed-up is over: a bf16 row (else fp32) of the same
     workload with finished runs; among several, the papers' baseline (naive, s = 1), then the
-    row with the most runs."""
+    row with the most runs. A bf16 reference ran the row's GEMM path (`kernels_executed`, native
+    or emulated): a speed-up never divides a native row by an emulated one (fp32 has one path)."""
     same = df[(df["workload"] == df.at[i, "workload"]) & (df["n"] > 0)]
     for prec in FULL:
         cand = same[same["precision"] == prec]
+        if prec != "fp32" and df.at[i, "precision"] != "fp32":
+            cand = cand[cand["kernels_executed"] == df.at[i, "kernels_executed"]]
         if len(cand):
             order = cand.assign(_b=~((cand["correction"] == "naive") & (cand["uaq_s"] == 1.0)))
             return order.sort_values(["_b", "n"], ascending=[True, False], kind="stable").index[0]
@@ -163,7 +166,8 @@ def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
 
     gen_tokens_per_s: `perf/gen_tokens_per_s` (response tokens per second of generation), with
     per-seed values; speedup: over a BF16 (else FP32) row of the same workload (`_workload`), as
-    a ratio (`speedup_ref`: its precision, `speedup_ref_key`: its group key); sync_s:
+    a ratio (`speedup_ref`: its precision, `speedup_ref_key`: its group key), never across GEMM
+    paths (`kernels_executed`, see `_reference`); sync_s:
     `timing_s/update_weights` per step; sync_share_pct and gen_share_pct: their mean share of
     `timing_s/step` (per run, ratio of means over RL steps, then averaged over seeds).
     """
@@ -171,7 +175,10 @@ def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
     r["sync_share"] = r["sync_s"] / r["step_s"]
     r["gen_share"] = r["gen_s"] / r["step_s"]
     r["workload"] = [_workload(row) for _, row in r.iterrows()]
-    df = pooled_frame(r, "gen_tokens_per_s", axes=(*ROW_AXES, "workload"),
+    # a run that ended before it was tagged ran the path its config resolved to
+    r["kernels_executed"] = [e or k for e, k in zip(r["kernels_executed"], r["kernels"])]
+    # runs of one cell that ran different GEMM paths (node types of a cluster) are separate rows
+    df = pooled_frame(r, "gen_tokens_per_s", axes=(*ROW_AXES, "kernels_executed", "workload"),
                       extra={"sync_s": lambda d: finished_mean(d, "sync_s"),
                              "step_s": lambda d: finished_mean(d, "step_s"),
                              "sync_share_pct": lambda d: finished_mean(d, "sync_share", 100.0),

@@ -38,7 +38,7 @@ def test_hf_llama_has_our_logits_and_our_greedy_tokens():
 
 def test_peer_json_rows(tmp_path, capsys):
     rc = main(["bench", "peer", "--json", "--models", "tiny", "--batch", "2", "--new-tokens", "4", "--prompt-len", "5",
-               "--repeats", "1", "--warmup", "0", "--no-mlflow", "--out", str(tmp_path)])
+               "--repeats", "1", "--warmup", "0", "--vllm-python", "", "--no-mlflow", "--out", str(tmp_path)])
     assert rc == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 1
@@ -46,3 +46,62 @@ def test_peer_json_rows(tmp_path, capsys):
     assert (r["model"], r["batch"], r["new_tokens"], r["dtype"]) == ("tiny", 2, 4, "fp32")
     assert r["tokens_match"] == 1.0 and r["logits_max_abs_diff"] < 1e-3
     assert r["ratio_vs_hf"] == pytest.approx(r["ours_tokens_per_s"] / r["hf_tokens_per_s"], rel=1e-12)
+
+
+def test_without_a_vllm_environment_the_vllm_peer_is_skipped_with_a_note(tmp_path, capsys):
+    missing = str(tmp_path / "no-such-venv" / "bin" / "python")
+    rc = main(["bench", "peer", "--models", "tiny", "--batch", "2", "--new-tokens", "2", "--prompt-len", "3",
+               "--dtypes", "int8", "--vllm-python", missing, "--no-mlflow", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2  # int8 has no peer without vLLM: nothing left to run
+    assert f"vLLM peer skipped: no vLLM CPU environment at {missing}" in err
+    assert "--dtypes int8 needs the vLLM peer" in err
+
+
+def test_the_int8_export_is_our_w8a8_codes_and_scales_in_compressed_tensors_layout(tmp_path):
+    from safetensors.torch import load_file
+
+    from suite.bench.rollout import bench_model
+    from suite.bench.vllm_peer import export_model
+    from suite.core.quant import quantize_int8_per_channel
+
+    model = bench_model("tiny")
+    assert export_model(model, str(tmp_path), "int8") == "bfloat16"
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    q = cfg["quantization_config"]
+    assert (q["quant_method"], q["format"], q["ignore"]) == ("compressed-tensors", "int-quantized", ["lm_head"])
+    group = q["config_groups"]["group_0"]
+    assert (group["weights"]["strategy"], group["input_activations"]["strategy"]) == ("channel", "token")
+    assert group["input_activations"]["dynamic"] is True and group["weights"]["num_bits"] == 8
+    codes, scales = quantize_int8_per_channel(model.layers[1].mlp.w_down.weight.detach())
+    assert torch.equal(sd["model.layers.1.mlp.down_proj.weight"], codes)
+    assert torch.equal(sd["model.layers.1.mlp.down_proj.weight_scale"], scales)
+    assert sd["lm_head.weight"].dtype == torch.bfloat16 and sd["model.norm.weight"].dtype == torch.bfloat16
+    n_int8 = sum(t.dtype == torch.int8 for t in sd.values())
+    assert n_int8 == 7 * model.cfg.n_layers
+
+
+@pytest.mark.slow  # starts vLLM (~20 s) where its CPU environment exists
+def test_vllm_decodes_the_exported_network_greedily_as_we_do(tmp_path):
+    from suite.bench.peer import ours_generate
+    from suite.bench.rollout import bench_model, bench_prompts
+    from suite.bench.vllm_peer import VLLM_PYTHON, VllmPeer, export_model, vllm_missing
+    from suite.core.quant import QuantScheme
+    from suite.embedded.engine import RolloutEngine
+
+    why = vllm_missing(VLLM_PYTHON)
+    if why:
+        pytest.skip(why)
+    model = bench_model("tiny", gain=4.0)
+    prompts = bench_prompts(4, 6, model.cfg.vocab_size, seed=1)
+    peer = VllmPeer(VLLM_PYTHON, str(tmp_path), export_model(model, str(tmp_path), "fp32"), prompts, 5)
+    try:
+        theirs = peer.generate()  # [4, 5]
+    finally:
+        peer.close()
+    ours = ours_generate(RolloutEngine(model, QuantScheme("fp32")), prompts, 5)
+    assert theirs.shape == ours.shape == (4, 5)
+    # fp32 both, peaked logits: the first new token of every row agrees (later ones may part
+    # after a near tie, as vLLM's kernels sum in another order)
+    assert torch.equal(theirs[:, 0], ours[:, 0])

@@ -20,13 +20,19 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
     db = tmp_path / "mlflow.db"
     cmd = [sys.executable, "-m", "suite.cli", "bench", "rollout", "--json", "--models", "tiny", "--batch", "2,3",
            "--new-tokens", "4", "--prompt-len", "5", "--repeats", "1", "--warmup", "0", "--threads", "1", "--profile",
-           "--tracking-uri", f"sqlite:///{db}", "--out", str(tmp_path / "out")]
+           "--unfused", "--tracking-uri", f"sqlite:///{db}", "--out", str(tmp_path / "out")]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "# suite bench rollout" in proc.stderr and "avx2" in proc.stderr  # the machine header
     rows = json.loads(proc.stdout)  # stdout is the JSON rows and nothing else
-    assert [(r["batch"], r["precision"]) for r in rows] == [
-        (b, p) for b in (2, 3) for p in ("fp32", "bf16", "int8", "fp8", "w4a16")]
+    from suite.hardware import cpu_features
+
+    from suite.embedded import fused
+
+    # int8 runs fused where the extension builds (suite.embedded.fused); --unfused adds its unfused twin
+    twin = fused.available()
+    variants = ("fp32", "bf16", "int8", "fp8", "w4a16") + (("int8/unfused",) if twin else ())
+    assert [(r["batch"], r["precision"]) for r in rows] == [(b, p) for b in (2, 3) for p in variants]
     by = {(r["batch"], r["precision"]): r for r in rows}
     for r in rows:
         assert all(k in r for k in REQUIRED), r
@@ -35,6 +41,12 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
         fp32 = by[(r["batch"], "fp32")]
         assert r["ratio_vs_fp32"] == pytest.approx(r["tokens_per_s"] / fp32["tokens_per_s"], rel=1e-12)
         assert r["sync_ms"] > 0 and r["kernels"] in ("native", "emulated")
+        assert r["path"] in ("native", "emulated", "native+fused", "emulated+fused")
+        assert r["cpu_flags"] == cpu_features().label()
+    kernels = "native" if cpu_features().int8_native else "emulated"
+    assert by[(2, "int8")]["path"] == (f"{kernels}+fused" if twin else kernels)
+    if twin:
+        assert by[(2, "int8/unfused")]["path"] == kernels
     assert by[(2, "fp32")]["ratio_vs_fp32"] == 1.0
     # the table files and the profile (shares of one generate call) were written
     md = (tmp_path / "out" / "rollout.md").read_text()
@@ -42,6 +54,7 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
     assert "profile" in md and "gemm" in md
     saved = json.loads((tmp_path / "out" / "rollout.json").read_text())
     assert saved["rows"] == rows and saved["machine"]["avx2"] in (True, False)
+    assert saved["machine"]["cpu_flags"] == cpu_features().label()
     # one MLflow run in the real sqlite store, tagged, with the table as artifacts
     with sqlite3.connect(db) as con:
         runs = con.execute("select r.run_uuid, r.status, r.artifact_uri from runs r join tags t on t.run_uuid = r.run_uuid "

@@ -13,8 +13,13 @@ def test_step_rows_split_the_step(tiny_run, tmp_path, capsys):
     rc = main(["bench", "step", *tiny_run, "--precisions", "fp32,int8", "--repeats", "2", "--warmup", "0", "--json",
                "--no-mlflow", "--out", str(tmp_path / "out")])
     assert rc == 0
-    rows = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr()
+    rows = json.loads(out.out)
     assert [r["precision"] for r in rows] == ["fp32", "int8"]
+    # the trainer in the dtype train.autocast=auto picks on this machine, named in the notes
+    from suite.hardware import resolve_autocast
+
+    assert f"trainer_dtype={resolve_autocast('auto')}" in out.err and "bound: with a free INT8 rollout" in out.err
     for r in rows:
         assert r["steps_timed"] == 2
         parts = r["sync_s"] + r["gen_s"] + r["prox_s"] + r["train_s"]
@@ -37,3 +42,10 @@ def test_step_rows_split_the_step(tiny_run, tmp_path, capsys):
 def test_bad_input_is_rejected_before_anything_runs(argv, message, capsys):
     assert main(["bench", "step", *argv, "--no-mlflow"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_autocast_override_wins_over_auto(tiny_run, tmp_path, capsys):
+    rc = main(["bench", "step", *tiny_run, "train.autocast=fp32", "--precisions", "fp32", "--repeats", "1",
+               "--warmup", "0", "--json", "--no-mlflow", "--out", str(tmp_path / "out")])
+    assert rc == 0
+    assert "autocast=fp32, trainer_dtype=fp32" in capsys.readouterr().err

@@ -104,6 +104,29 @@ def test_uaq_table_settings_and_visibility():
     assert 45.0 not in set(main["acc_pct"]) and 20.0 not in set(main["acc_pct"])
 
 
+def test_throughput_speedups_never_mix_native_and_emulated_rows():
+    """An int8 row's bf16 reference ran its own GEMM path (the executed one where recorded);
+    without one, fp32 (which has one path) is the reference."""
+    runs = frame([
+        {"precision": "bf16", "correction": "naive", "kernels": "native", "gen_tokens_per_s": 100.0},
+        {"precision": "bf16", "correction": "naive", "kernels": "emulated", "seed": 1, "gen_tokens_per_s": 40.0},
+        {"precision": "fp32", "correction": "naive", "kernels": "native", "gen_tokens_per_s": 50.0},
+        {"precision": "int8", "kernels": "native", "kernels_executed": "native", "gen_tokens_per_s": 150.0},
+        {"precision": "int8", "kernels": "native", "kernels_executed": "emulated", "seed": 1,
+         "gen_tokens_per_s": 60.0},
+        {"precision": "w4a16", "kernels": "emulated", "gen_tokens_per_s": 30.0},
+    ])
+    thr = T.throughput_table(runs)
+    native = row_of(thr, precision="int8", kernels_executed="native")
+    assert native["speedup"] == pytest.approx(1.5) and native["speedup_ref"] == "bf16"
+    emulated = row_of(thr, precision="int8", kernels_executed="emulated")  # its own row: never pooled
+    assert emulated["speedup"] == pytest.approx(60.0 / 40.0) and emulated["n"] == 1
+    w4 = row_of(thr, precision="w4a16")
+    assert w4["speedup"] == pytest.approx(30.0 / 40.0)
+    bf16 = row_of(thr, precision="bf16", kernels="native")
+    assert bf16["speedup"] == pytest.approx(1.0)
+
+
 def test_throughput_and_kl_hand_computed():
     runs = frame([
         {"precision": "bf16", "correction": "naive", "uaq_s": 1.0, "seed": 0, "gen_tokens_per_s": 100.0,

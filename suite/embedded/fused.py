@@ -1,0 +1,74 @@
+"""The engine's fused W8A8 path on CPU: per-token int8 quantization and the rescale around
+``torch._int_mm`` as two C++ loops (csrc/int8_linear.cpp), built on first use.
+
+Why: with native int8 GEMMs (AVX512-VNNI / AMX) the GEMMs are the cheap part of an int8
+decode step; the per-token activation quantization (aminmax, maximum, div, where, round,
+clamp, cast, finiteness check) and the rescale (int32 -> float, two multiplies, cast to
+bf16) are ~20 aten calls per linear, each a few microseconds of dispatch on [64, 512]
+tensors, which cost more than the GEMM itself (docs/bench.md, "Results").
+
+Numerics: the same float32 operations in the same order (the C++ file lists them), so the
+codes, the scales and the outputs are bit-identical to the unfused path: the GEMM is the same
+``torch._int_mm`` call, and its int32 sums are exact in any order (tests/embedded/test_fused.py
+checks all three bit for bit, and the engine's tokens and log-probs).
+
+Alternatives measured (docs/bench.md): ``torch.compile`` (inductor, C++ backend) of the same
+function, weights as inputs, compiled in ~33 s and then was faster for the quantization
+(80 vs 216 us at [64, 512]) but slower for the rescale (150 vs 65 us): its per-call guard and
+wrapper overhead is of the size of the work. The extension is built once per machine into
+torch's extension cache (``TORCH_EXTENSIONS_DIR``, default ~/.cache/torch_extensions), without
+``-march=native``, so a build shared between nodes of a cluster runs on each of them. No
+compiler, or a failed build: :func:`available` is False and the engine runs the unfused path
+(same numbers).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+_SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "int8_linear.cpp")
+_ext = None  # the loaded extension module
+_failed: str | None = None  # why the build failed, once it has
+
+
+def _load():
+    global _ext, _failed
+    if _ext is None and _failed is None:
+        try:
+            from torch.utils.cpp_extension import load
+
+            load(name="suite_int8_linear", sources=[_SOURCE], extra_cflags=["-O3", "-ffp-contract=off"],
+                 is_python_module=False, verbose=False)  # registers torch.ops.suite_fused
+            _ext = torch.ops.suite_fused
+        except Exception as exc:  # no compiler / ninja / headers: the unfused path is the same numbers
+            _failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            warnings.warn(f"suite.embedded.fused: the fused int8 extension did not build ({_failed}); "
+                          "the engine runs the unfused W8A8 path (same numbers, slower)", stacklevel=3)
+    return _ext
+
+
+def available() -> bool:
+    """Whether the fused extension is built (building it on the first call: tens of seconds)."""
+    return _load() is not None
+
+
+def quant_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float32 | bfloat16 -> (codes int8 [M, K], scales float32 [M, 1]): the values of
+    ``quantize_int8_per_token(x.float())``, which raises on a non-finite row as this does."""
+    codes, scales, finite = _load().quant_rows(x)
+    if not finite:
+        from suite.core.quant import quantize_int8_per_token
+
+        quantize_int8_per_token(x.float())  # raises the usual error naming the problem
+    return codes, scales
+
+
+def mm_rescale(codes: torch.Tensor, w_t: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor,
+               out_dtype: torch.dtype) -> torch.Tensor:
+    """``(torch._int_mm(codes, w_t).float() * xs * ws).to(out_dtype)``: codes int8 [M, K], w_t int8
+    [K, N] (a view of the weight codes: a sync writes new values into the same storage), xs
+    float32 [M, 1], ws float32 [1, N] -> [M, N]."""
+    return _load().mm_rescale(codes, w_t, xs, ws, out_dtype)
