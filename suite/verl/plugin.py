@@ -158,6 +158,14 @@ def _install_aligned() -> None:
         raise
 
 
+def _install_cpu() -> None:
+    if os.environ.get("SUITE_VERL_CPU") == "1":  # CPU runs and tests only (suite.verl.cpu_workarounds)
+        from suite.verl.cpu_workarounds import register
+
+        register()
+
+
+_install_cpu()
 _install_aligned()
 _register()
 

