@@ -29,3 +29,15 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.timeout(900))
             else:
                 item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+
+
+def pytest_terminal_summary(terminalreporter):
+    # the measured numbers (parity, sync times, step metrics), whatever pytest captured
+    try:
+        from vllm_tiny import NUMBERS
+    except ImportError:
+        return
+    if NUMBERS:
+        terminalreporter.section("vLLM CPU measurements")
+        for line in NUMBERS:
+            terminalreporter.write_line(line)
