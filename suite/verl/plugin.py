@@ -159,8 +159,9 @@ def _install_aligned() -> None:
 
 
 def _install_cpu() -> None:
-    if os.environ.get("SUITE_VERL_CPU") == "1":  # CPU runs and tests only (suite.verl.cpu_workarounds)
-        from suite.verl.cpu_workarounds import register
+    from suite.verl.cpu_workarounds import CPU_ENV, register
+
+    if os.environ.get(CPU_ENV) == "1":  # CPU runs and tests only (backend.device=cpu)
 
         register()
 
