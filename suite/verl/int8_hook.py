@@ -219,7 +219,7 @@ def _make_extension():
     class QuantizedWeightSyncExtension(vLLMColocateWorkerExtension):
         """verl's vLLM worker extension with INT8 / W4A16 re-quantization at every weight sync."""
 
-        def update_weights_from_ipc(self, peft_config: dict = None, base_sync_done=False, use_shm: bool = False):
+        def update_weights_from_ipc(self, peft_config: dict | None = None, base_sync_done=False, use_shm: bool = False):
             rollout = _rollout()
             lora = bool(peft_config and base_sync_done)
             if rollout is None or lora:

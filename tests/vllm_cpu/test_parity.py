@@ -22,10 +22,17 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from vllm_tiny import (
+    NUMBERS,
+    checkpoints,
+    engine,
+    prompt_logprobs,
+    sequences,
+    tiny_model,
+    torch_logprobs,
+)
 
 from suite.core.quant import QuantScheme, fake_quant, fake_quant_act
-
-from vllm_tiny import NUMBERS, checkpoints, engine, prompt_logprobs, sequences, tiny_model, torch_logprobs
 
 INT8 = QuantScheme(precision="int8")
 

@@ -24,7 +24,6 @@ import uuid
 
 import pytest
 import torch
-
 from vllm_tiny import NUMBERS, checkpoints, engine, rollout_logprobs, sequences
 
 BUCKET_MB = 1
@@ -37,6 +36,7 @@ def verl_env(monkeypatch):
     monkeypatch.setenv("SUITE_VERL_CPU", "1")
     monkeypatch.setenv("VERL_RAY_JOB_ID", "suite-test-" + uuid.uuid4().hex[:8])
     import verl  # noqa: F401  (loads the plugins)
+
     from suite.verl.cpu_workarounds import register
 
     register()  # idempotent; verl may have been imported by an earlier test without the variable
@@ -51,7 +51,9 @@ def _weights(path):
 
 def sync(llm, weights) -> float:
     """One verl weight sync into ``llm``: verl's sender in a thread, verl's receiver in the engine."""
-    from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
+    from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import (
+        BucketedWeightSender,
+    )
 
     handle = f"ipc:///tmp/rl-colocate-zmq-{os.environ['VERL_RAY_JOB_ID']}-replica-0-rank-0.sock"
     errors = []
@@ -60,7 +62,7 @@ def sync(llm, weights) -> float:
         try:
             sender = BucketedWeightSender(handle, bucket_size_mb=BUCKET_MB, use_shm=True)
             asyncio.run(sender.async_send_weights(iter(weights)))
-        except Exception as exc:  # surfaced below: a dead sender would otherwise hang the receiver
+        except Exception as exc:  # noqa: BLE001 (re-raised below: a dead sender would hang the receiver)
             errors.append(exc)
 
     t = threading.Thread(target=send, daemon=True)
