@@ -9,7 +9,8 @@ enabled"). This module registers one, ``cpu``, through verl's own registry
 every Ray worker for ``backend.device=cpu``); GPU runs never import it. Nothing in verl or vLLM
 is patched or copied: the platform is a plugin verl's registry is meant to take.
 
-What the platform answers: device ``cpu``, one device, gloo for process groups, no IPC handles
+Besides the platform, one wrapper: ``torch.distributed.init_process_group`` drops a repeated
+device from its backend string (:func:`dedupe_backend`). What the platform answers: device ``cpu``, one device, gloo for process groups, no IPC handles
 (verl then sends weights through shared memory, ``use_shm``), ``torch.cpu`` for synchronize, and
 stand-ins for the CUDA memory statistics verl logs (zeros: a CPU has no separate device memory).
 """
@@ -40,7 +41,7 @@ def _device_module() -> types.ModuleType:
         if hasattr(torch.cpu, name):
             setattr(m, name, getattr(torch.cpu, name))
     m.device_count = lambda: 1
-    m.current_device = lambda: 0
+    m.current_device = lambda: "cpu"
     m.set_device = _nothing
     m.manual_seed = torch.manual_seed
     m.manual_seed_all = torch.manual_seed
@@ -53,8 +54,37 @@ def _device_module() -> types.ModuleType:
     return m
 
 
+def dedupe_backend(backend):
+    """``"cpu:gloo,cpu:gloo"`` -> ``"cpu:gloo"``: verl builds its process-group backend as
+    ``f"cpu:gloo,{device}:{comm}"`` (verl/utils/distributed.py), which torch refuses when the
+    device is the CPU itself ("Duplicate device type cpu")."""
+    if not isinstance(backend, str) or "," not in backend:
+        return backend
+    parts = list(dict.fromkeys(p.strip() for p in backend.split(",")))
+    return ",".join(parts)
+
+
+def _dedupe_init_process_group() -> None:
+    import torch.distributed as dist
+
+    if getattr(dist.init_process_group, "_suite_cpu", False):
+        return
+    original = dist.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        if "backend" in kwargs:
+            kwargs["backend"] = dedupe_backend(kwargs["backend"])
+        elif args:
+            args = (dedupe_backend(args[0]), *args[1:])
+        return original(*args, **kwargs)
+
+    init_process_group._suite_cpu = True
+    dist.init_process_group = init_process_group
+
+
 def register() -> None:
     """Register verl's ``cpu`` platform and select it (idempotent)."""
+    _dedupe_init_process_group()
     from verl.plugin.platform.platform_base import PlatformBase
     from verl.plugin.platform.platform_manager import PlatformRegistry
 
@@ -72,8 +102,10 @@ def register() -> None:
         def is_available(self) -> bool:
             return True
 
-        def current_device(self) -> int:
-            return 0
+        def current_device(self):
+            # verl moves modules to ``get_device_id()`` (an int means "the current accelerator",
+            # which torch refuses without one); the CPU's own name works where an index would
+            return "cpu"
 
         def device_count(self) -> int:
             return 1
@@ -130,4 +162,4 @@ def register() -> None:
     PlatformCPU.__module__ = __name__
 
 
-__all__ = ["CPU_ENV", "register"]
+__all__ = ["CPU_ENV", "dedupe_backend", "register"]

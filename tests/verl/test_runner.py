@@ -182,3 +182,11 @@ def test_worker_node_joins_and_returns_the_heads_summary(verl_cfg, tmp_path):
     assert out == {"baseline_acc": 0.1, "final_acc": 0.3, "delta_acc": 0.2, "already_finished": False}
     assert "export MLFLOW_RUN_ID=r1" in seen["script"] and "--block" in seen["script"]
     assert not (run_dir / "verl_node0.sh").exists()  # node 1 never starts the head
+
+
+def test_cpu_workarounds_dedupe_verls_backend_string():
+    from suite.verl.cpu_workarounds import dedupe_backend
+
+    assert dedupe_backend("cpu:gloo,cpu:gloo") == "cpu:gloo"  # verl's f"cpu:gloo,{device}:{comm}" on the CPU
+    assert dedupe_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,cuda:nccl"
+    assert dedupe_backend("gloo") == "gloo" and dedupe_backend(None) is None
