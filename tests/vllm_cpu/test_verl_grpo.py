@@ -40,7 +40,7 @@ def _data(tmp_path):
 
     task = make_task("arith", 1)
     paths = {}
-    for split, n in (("train", 32), ("val", 8)):
+    for split, n in (("train", 32), ("eval", 8)):
         rows = [{"data_source": "suite_arith", "prompt": [{"role": "user", "content": ex.prompt}],
                  "reward_model": {"style": "rule", "ground_truth": ex.answer}, "extra_info": {"index": i}}
                 for i, ex in enumerate(make_split(task, n, seed=0, split=split))]
@@ -61,7 +61,7 @@ def test_verl_grpo_two_steps_on_vllm_cpu(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [
         "run", "backend=verl", "backend.device=cpu", f"backend.python={sys.executable}",
-        f"backend.model_path={model}", f"backend.train_files={paths['train']}", f"backend.val_files={paths['val']}",
+        f"backend.model_path={model}", f"backend.train_files={paths['train']}", f"backend.val_files={paths['eval']}",
         f"backend.reward_fn_path={tmp_path / 'reward.py'}", "backend.n_gpus_per_node=1",
         f"backend.max_prompt_length={task.max_prompt_chars + 2}", "backend.micro_batch_size_per_gpu=4",
         "backend.max_num_batched_tokens=512", "quant=int8", "correction=acr", "algo=grpo",
