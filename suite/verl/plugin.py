@@ -158,6 +158,15 @@ def _install_aligned() -> None:
         raise
 
 
+def _install_cpu() -> None:
+    from suite.verl.cpu_workarounds import CPU_ENV, register
+
+    if os.environ.get(CPU_ENV) == "1":  # CPU runs and tests only (backend.device=cpu)
+
+        register()
+
+
+_install_cpu()
 _install_aligned()
 _register()
 

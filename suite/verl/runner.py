@@ -233,6 +233,10 @@ def run(cfg: DictConfig, run_dir: str, *, env: Mapping[str, str] | None = None,
     if cfg.backend.name != "verl":
         raise ValueError(f"suite.verl.runner runs backend=verl configs, got backend.name={cfg.backend.name!r}")
     env = dict(os.environ if env is None else env)
+    if cfg.backend.device == "cpu":  # vLLM's CPU build: verl's CPU platform in the driver too
+        from suite.verl.cpu_workarounds import VERL_CPU_DRIVER_ENV
+
+        env.update(VERL_CPU_DRIVER_ENV)
     os.makedirs(run_dir, exist_ok=True)
     summary_path = os.path.join(run_dir, SUMMARY_FILE)
     if os.path.isfile(summary_path):

@@ -37,6 +37,7 @@ from suite.config import run_id
 from suite.core.losses import CORRECTIONS
 from suite.verl import LOSS_PARAMS_ENV
 from suite.verl.aligned import ALIGNED_ENV
+from suite.verl.cpu_workarounds import CPU_ENV, VERL_CPU_OVERRIDES
 from suite.verl.rollout_quant import (  # noqa: F401
     VERL_ROLLOUTS,
     W8A8_QUANT_CONFIG,
@@ -97,6 +98,8 @@ def loss_env(cfg: DictConfig) -> dict[str, str]:
         env[ROLLOUT_QUANT_ENV] = cfg.quant.precision
         env["SUITE_W4_GROUP_SIZE"] = str(cfg.quant.group_size)
         env["SUITE_W4_SYMMETRIC"] = "1" if cfg.quant.symmetric else "0"
+    if cfg.backend.name == "verl" and cfg.backend.device == "cpu":  # suite.verl.cpu_workarounds
+        env[CPU_ENV] = "1"
     if cfg.correction.aligned_forward:
         q = cfg.quant
         env[ALIGNED_ENV] = scheme_spec(q.precision, group_size=q.group_size, symmetric=q.symmetric)
@@ -238,6 +241,8 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"trainer.experiment_name={_q(run_name)}",
         f"trainer.default_local_dir={_q(os.path.join(os.path.abspath(run_dir or default_run_dir(cfg)), 'checkpoints'))}",
     ]
+    if b.device == "cpu":  # vLLM's CPU build (suite.verl.cpu_workarounds)
+        o += list(VERL_CPU_OVERRIDES)
     return o + list(b.extra_overrides)
 
 

@@ -142,16 +142,25 @@ def test_a_failed_verl_run_from_suite_run_ends_its_mlflow_run_failed(tiny_qwen2,
     assert runs[0].data.tags["run_id"] == run_id(compose_config(overrides))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where no GPU is present")
-def test_int8_hook_without_gpu_is_a_clear_error():
-    from suite.core.quant import QuantScheme
-    from suite.verl.int8_hook import NoGPUError, fake_quant_weights, is_quantized_linear, requantize_int8
+def test_int8_hook_quantizers_run_anywhere_and_only_the_gpu_fold_needs_a_gpu():
+    """The re-quantization is the suite's CPU quantizer (the live-engine sync is tested in
+    tests/vllm_cpu); only the fold into live CUDA tensors is GPU-only, and it says so."""
+    from suite.core.quant import QuantScheme, fake_quant, quantize_int8_per_channel
+    from suite.verl.int8_hook import NoGPUError, fake_quant_weights, fold_into_live, is_quantized_linear, requantize_int8
 
-    w = [("model.layers.0.mlp.up_proj.weight", torch.randn(8, 16))]
-    with pytest.raises(NoGPUError, match=r"needs a CUDA GPU.*slurm/gpu_check.sh.*quant=bf16\|fp8"):
-        list(requantize_int8(w))
-    with pytest.raises(NoGPUError, match="W4A16 rollout"):
-        list(fake_quant_weights(w, QuantScheme("w4a16")))
+    w = torch.randn(8, 16)
+    out = dict(requantize_int8([("model.layers.0.mlp.up_proj.weight", w), ("model.norm.weight", w[0])]))
+    codes, scales = quantize_int8_per_channel(w)
+    assert torch.equal(out["model.layers.0.mlp.up_proj.weight"], codes)
+    assert torch.equal(out["model.layers.0.mlp.up_proj.weight_scale"], scales)
+    assert torch.equal(out["model.norm.weight"], w[0])
+    scheme = QuantScheme("w4a16")
+    (name, fq), = fake_quant_weights([("model.layers.0.mlp.up_proj.weight", w)], scheme)
+    assert torch.equal(fq, fake_quant(w, scheme))
+    if not torch.cuda.is_available():
+        layer = torch.nn.Linear(16, 8)
+        with pytest.raises(NoGPUError, match=r"needs a CUDA GPU.*slurm/gpu_check.sh"):
+            fold_into_live(layer, {"weight": layer.weight})
     assert is_quantized_linear("model.layers.3.self_attn.q_proj.weight")
     assert not is_quantized_linear("lm_head.weight") and not is_quantized_linear("model.layers.0.self_attn.q_proj.bias")
 
@@ -173,3 +182,11 @@ def test_worker_node_joins_and_returns_the_heads_summary(verl_cfg, tmp_path):
     assert out == {"baseline_acc": 0.1, "final_acc": 0.3, "delta_acc": 0.2, "already_finished": False}
     assert "export MLFLOW_RUN_ID=r1" in seen["script"] and "--block" in seen["script"]
     assert not (run_dir / "verl_node0.sh").exists()  # node 1 never starts the head
+
+
+def test_cpu_workarounds_dedupe_verls_backend_string():
+    from suite.verl.cpu_workarounds import dedupe_backend
+
+    assert dedupe_backend("cpu:gloo,cpu:gloo") == "cpu:gloo"  # verl's f"cpu:gloo,{device}:{comm}" on the CPU
+    assert dedupe_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,cuda:nccl"
+    assert dedupe_backend("gloo") == "gloo" and dedupe_backend(None) is None

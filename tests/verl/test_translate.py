@@ -263,3 +263,33 @@ def test_verl_rollouts_are_registered_precisions():
 
     assert set(VERL_ROLLOUTS) == {n for n, q in QUANTIZERS.items() if not q.lossless}
     assert VERL_PRECISIONS == tuple(VERL_ROLLOUTS)
+
+
+def test_vllm_cpu_build_refuses_what_it_cannot_serve(verl_paths):
+    """backend.device=cpu (vLLM's CPU build): fp8 needs AMX there; the rest is served, and the
+    workers get verl's CPU platform (suite.verl.cpu_workarounds)."""
+    from suite.hardware import cpu_features
+
+    with pytest.raises(ConfigError, match=r"backend.device='tpu'.*cuda, cpu"):
+        compose_config(verl_paths + ["quant=int8", "backend.device=tpu"])
+    if not cpu_features().amx:
+        with pytest.raises(ConfigError, match=r"quant.precision: 'fp8' is not served by vLLM's CPU build "
+                                              r"\(backend.device=cpu\).*it needs AMX; this build serves here: bf16, int8, w4a16"):
+            compose_config(verl_paths + ["quant=fp8", "backend.device=cpu"])
+    compose_config(verl_paths + ["quant=fp8"])  # a GPU build serves it
+    for q in ("bf16", "int8", "w4a16"):
+        cfg = compose_config(verl_paths + [f"quant={q}", "backend.device=cpu"])
+        assert "+ray_kwargs.ray_init.runtime_env.env_vars.SUITE_VERL_CPU='1'" in verl_overrides(cfg), q
+    cfg = compose_config(verl_paths + ["quant=int8"])
+    assert not any("SUITE_VERL_CPU" in o for o in verl_overrides(cfg))
+
+
+def test_cpu_run_overrides_compose_against_verls_config(verl_paths, composer):
+    from suite.verl.cpu_workarounds import VERL_CPU_OVERRIDES
+
+    cfg = compose_config(verl_paths + ["quant=int8", "correction=acr", "backend.device=cpu", "backend.n_gpus_per_node=1"])
+    o = verl_overrides(cfg)
+    assert o[-len(VERL_CPU_OVERRIDES):] == list(VERL_CPU_OVERRIDES)
+    vcfg = composer.compose(o)
+    assert vcfg.trainer.device == "cpu" and vcfg.actor_rollout_ref.actor.strategy == "fsdp2"
+    validate_verl_config(vcfg)

@@ -1,0 +1,91 @@
+"""A real verl 0.9.1 GRPO run on vLLM's CPU build, through `suite run backend=verl backend.device=cpu`.
+
+2 steps of a tiny random Llama (tests/vllm_cpu/vllm_tiny.py) on the suite's arith task (its
+parquet written here from suite.embedded.tasks, scored by the task's own ``verify``), INT8
+rollouts on vLLM CPU with the suite's weight-sync hook, the suite's ACR loss from the plugin.
+About 6 minutes on 2 cores; every verl process runs under the subprocess timeout below (a failing
+verl run hangs rather than exits). The random model never answers right, so rewards are 0: the
+run checks the mechanics and where the metrics land, not learning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vllm_tiny import NUMBERS, save_hf, tiny_model
+
+RUN_TIMEOUT_S = 840  # under the 900 s per-test limit of conftest.py
+
+REWARD = '''
+from suite.embedded.tasks import make_task
+from suite.embedded.traces import Example
+
+TASK = make_task("arith", 1)
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(TASK.verify(solution_str, Example(prompt="", response="", answer=str(ground_truth))))
+'''
+
+
+def _data(tmp_path):
+    import pandas as pd
+
+    from suite.embedded.tasks import make_split, make_task
+
+    task = make_task("arith", 1)
+    paths = {}
+    for split, n in (("train", 32), ("eval", 8)):
+        rows = [{"data_source": "suite_arith", "prompt": [{"role": "user", "content": ex.prompt}],
+                 "reward_model": {"style": "rule", "ground_truth": ex.answer}, "extra_info": {"index": i}}
+                for i, ex in enumerate(make_split(task, n, seed=0, split=split))]
+        paths[split] = tmp_path / f"{split}.parquet"
+        pd.DataFrame(rows).to_parquet(paths[split])
+    return paths, task
+
+
+def test_verl_grpo_two_steps_on_vllm_cpu(tmp_path):
+    import mlflow
+
+    model = save_hf(tiny_model(0), tmp_path / "model")
+    tc = json.loads((model / "tokenizer_config.json").read_text())
+    tc["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # verl's dataset applies one
+    (model / "tokenizer_config.json").write_text(json.dumps(tc))
+    paths, task = _data(tmp_path)
+    (tmp_path / "reward.py").write_text(REWARD)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [
+        "run", "backend=verl", "backend.device=cpu", f"backend.python={sys.executable}",
+        f"backend.model_path={model}", f"backend.train_files={paths['train']}", f"backend.val_files={paths['eval']}",
+        f"backend.reward_fn_path={tmp_path / 'reward.py'}", "backend.n_gpus_per_node=1",
+        f"backend.max_prompt_length={task.max_prompt_chars + 2}", "backend.micro_batch_size_per_gpu=4",
+        "backend.max_num_batched_tokens=512", "quant=int8", "correction=acr", "algo=grpo",
+        "rollout.prompts_per_step=4", "algo.group_size=2", "rollout.max_new_tokens=8", "train.minibatches=1",
+        "steps=2", "eval_every=2", "ckpt_every=100", "uaq.s=1.0", f"out_dir={tmp_path / 'runs'}",
+        f"tracking.tracking_uri={uri}",
+    ]
+    proc = subprocess.run([sys.executable, "-c", "import sys; from suite.cli import main; sys.argv[0] = 'suite'; main()",
+                           *args], cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    client = mlflow.tracking.MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    r = runs[0]
+    assert (r.data.tags["precision"], r.data.tags["correction"]) == ("int8", "acr")
+    for key in ("rollout_corr/kl", "timing_s/step", "timing_s/update_weights", "actor/pg_loss",
+                "actor/acr_relaxed_frac", "val-core/suite_arith/acc/mean_at_1"):
+        assert key in r.data.metrics, key
+    steps = [m.step for m in client.get_metric_history(r.info.run_id, "timing_s/step")]
+    assert sorted(steps) == [1, 2]
+    NUMBERS.append("verl GRPO on vLLM CPU, 2 steps: " + ", ".join(
+        f"{k} {r.data.metrics[k]:.3g}" for k in ("timing_s/step", "timing_s/update_weights", "rollout_corr/kl",
+                                                  "actor/acr_relaxed_frac")))
+
+
+pytestmark = pytest.mark.slow

@@ -1,0 +1,110 @@
+"""The tiny model of the real-vLLM tests: the embedded backend's decoder, saved as a HF Llama.
+
+vLLM's CPU attention needs head_dim in {32, 64, 80, ...}: hidden 64 with 2 heads (head_dim 32)
+is the smallest that serves. The same weights run in the embedded engine
+(suite.embedded.model.Transformer) and, through suite.embedded.model.to_hf_llama, in vLLM, so
+the parity test compares one network on two engines. The tokenizer is the suite's character
+tokenizer as a Hugging Face fast tokenizer (same ids).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from suite.embedded.model import ModelConfig, Transformer, to_hf_llama
+from suite.embedded.tokenizer import CharTokenizer
+
+D_MODEL, N_HEADS, N_LAYERS = 64, 2, 2  # head_dim 32: the smallest vLLM CPU serves
+D_FF = 1024  # wide MLP: ~2 MB of float32 weights, more than one of verl's 1 MB sync buckets
+MAX_SEQ_LEN = 128
+
+
+def tiny_model(seed: int = 0, scale: float = 3.0) -> Transformer:
+    """A random decoder whose logits are far from uniform (linears x ``scale`` over the 0.02 init;
+    norm gains in [0.5, 1.5] so that a wrong UAQ mapping cannot cancel)."""
+    torch.manual_seed(seed)
+    tok = CharTokenizer()
+    m = Transformer(ModelConfig(vocab_size=tok.vocab_size, d_model=D_MODEL, n_layers=N_LAYERS, n_heads=N_HEADS,
+                                d_ff=D_FF, max_seq_len=MAX_SEQ_LEN))
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif name != "tok_emb.weight":
+                p.mul_(scale)
+    return m.eval()
+
+
+def save_hf(model: Transformer, out: Path) -> Path:
+    """``model`` as a float32 HF ``LlamaForCausalLM`` checkpoint + the character tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    kw, sd = to_hf_llama(model)
+    tok = CharTokenizer()
+    hf = LlamaForCausalLM(LlamaConfig(**kw, torch_dtype="float32", bos_token_id=tok.bos_id, eos_token_id=tok.eos_id,
+                                      pad_token_id=tok.pad_id))
+    hf.load_state_dict(sd)
+    hf.save_pretrained(out, safe_serialization=True)
+    t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(tok.itos)}, unk_token="<pad>"))
+    t.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+                            unk_token="<pad>").save_pretrained(out)
+    return out
+
+
+def checkpoints(root: Path, seed: int = 0) -> dict[str, Path]:
+    """The tiny model (``seed``) as float32 HF checkpoint ``fp`` and its W8A8 INT8 copy ``int8``."""
+    from suite.verl.w8a8_checkpoint import write_w8a8_checkpoint
+
+    fp = save_hf(tiny_model(seed), root / f"fp{seed}")
+    return {"fp": fp, "int8": write_w8a8_checkpoint(fp, root / f"int8_{seed}")}
+
+
+def engine(path: Path, dtype: str = "float32", **kw):
+    """A vLLM engine in this process (eager: no compile time; seeded)."""
+    from vllm import LLM
+
+    return LLM(model=str(path), dtype=dtype, max_model_len=MAX_SEQ_LEN, enforce_eager=True, seed=0, max_num_seqs=8, **kw)
+
+
+def sequences(n: int = 8, length: int = 36, seed: int = 0) -> list[list[int]]:
+    """Random token sequences (``<bos>`` then characters) for teacher-forced log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    tok = CharTokenizer()
+    return [[tok.bos_id] + torch.randint(3, tok.vocab_size, (length - 1,), generator=g).tolist() for _ in range(n)]
+
+
+def prompt_logprobs(llm, seqs: list[list[int]]) -> torch.Tensor:
+    """log p(token_t | tokens_<t) for t >= 1 of every sequence, from vLLM's prefill: [N, T-1]."""
+    from vllm import SamplingParams
+
+    out = llm.generate([{"prompt_token_ids": s} for s in seqs], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                       use_tqdm=False)
+    return torch.tensor([[lp[t].logprob for t, lp in zip(s[1:], o.prompt_logprobs[1:])] for s, o in zip(seqs, out)])
+
+
+def rollout_logprobs(llm, prompts: list[list[int]], max_tokens: int = 8) -> list[tuple[list[int], list[float]]]:
+    """Greedy rollouts: (tokens, their log-probs as vLLM reports them at decode) per prompt."""
+    from vllm import SamplingParams
+
+    out = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                       SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=0), use_tqdm=False)
+    return [(list(o.outputs[0].token_ids), [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)])
+            for o in out]
+
+
+def torch_logprobs(forward, seqs: list[list[int]]) -> torch.Tensor:
+    """The same as :func:`prompt_logprobs` from a PyTorch model: ``forward(tokens [1, T]) -> logits``."""
+    rows = []
+    with torch.no_grad():
+        for s in seqs:
+            x = torch.tensor([s])
+            lp = torch.log_softmax(forward(x).float(), -1)[0, :-1]  # [T-1, V]
+            rows.append(lp.gather(-1, x[0, 1:, None])[:, 0])  # [T-1]
+    return torch.stack(rows)  # [N, T-1]
+
+
+NUMBERS: list[str] = []  # measured values the tests report; printed at the end of the run (conftest.py)
