@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import mlflow
 import pytest
 
 from vllm_tiny import NUMBERS, save_hf, tiny_model
@@ -41,7 +42,8 @@ def _data(tmp_path):
     task = make_task("arith", 1)
     paths = {}
     for split, n in (("train", 32), ("eval", 8)):
-        rows = [{"data_source": "suite_arith", "prompt": [{"role": "user", "content": ex.prompt}],
+        # data_source "arith": held-out accuracy lands as val-core/arith/..., the embedded key
+        rows = [{"data_source": "arith", "prompt": [{"role": "user", "content": ex.prompt}],
                  "reward_model": {"style": "rule", "ground_truth": ex.answer}, "extra_info": {"index": i}}
                 for i, ex in enumerate(make_split(task, n, seed=0, split=split))]
         paths[split] = tmp_path / f"{split}.parquet"
@@ -50,7 +52,6 @@ def _data(tmp_path):
 
 
 def test_verl_grpo_two_steps_on_vllm_cpu(tmp_path):
-    import mlflow
 
     model = save_hf(tiny_model(0), tmp_path / "model")
     tc = json.loads((model / "tokenizer_config.json").read_text())
@@ -79,13 +80,49 @@ def test_verl_grpo_two_steps_on_vllm_cpu(tmp_path):
     r = runs[0]
     assert (r.data.tags["precision"], r.data.tags["correction"]) == ("int8", "acr")
     for key in ("rollout_corr/kl", "timing_s/step", "timing_s/update_weights", "actor/pg_loss",
-                "actor/acr_relaxed_frac", "val-core/suite_arith/acc/mean_at_1"):
+                "actor/acr_relaxed_frac", "val-core/arith/acc/mean_at_1"):
         assert key in r.data.metrics, key
     steps = [m.step for m in client.get_metric_history(r.info.run_id, "timing_s/step")]
     assert sorted(steps) == [1, 2]
+    _embedded_run_beside(tmp_path, uri, r)
     NUMBERS.append("verl GRPO on vLLM CPU, 2 steps: " + ", ".join(
         f"{k} {r.data.metrics[k]:.3g}" for k in ("timing_s/step", "timing_s/update_weights", "rollout_corr/kl",
                                                   "actor/acr_relaxed_frac")))
+
+
+
+def _embedded_run_beside(tmp_path, uri, verl_run):
+    """An embedded run of the same cell in the same store: the two backends' runs carry the metric
+    names the report reads, and `suite report`'s tables hold both, one row per backend."""
+    from suite.config import compose_config
+    from suite.embedded.trainer import EmbeddedRun
+    from suite.report.data import load_runs
+    from suite.report.tables import kl_table
+
+    cfg = compose_config([
+        "quant=int8", "correction=acr", "algo=grpo", "uaq.s=1.0", "steps=2", "eval_every=2", "ckpt_every=2",
+        "rollout.prompts_per_step=4", "algo.group_size=2", "rollout.max_new_tokens=8", "task.difficulty=1",
+        "task.n_eval=8", "warm_start.steps=20", "warm_start.batch_size=8", "threads=1",
+        f"warm_start.cache_dir={tmp_path / 'warm'}", f"out_dir={tmp_path / 'runs'}", f"tracking.tracking_uri={uri}",
+    ])
+    EmbeddedRun(cfg, str(tmp_path / "runs" / "embedded"), progress=False).run()
+    client = mlflow.tracking.MlflowClient(uri)
+    emb = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+           if r.data.tags.get("backend") == "embedded"]
+    assert len(emb) == 1
+    shared = {"rollout_corr/kl", "rollout_corr/k3_kl", "timing_s/step", "timing_s/gen", "timing_s/update_weights",
+              "actor/pg_loss", "actor/pg_clipfrac", "actor/acr_relaxed_frac", "val-core/arith/acc/mean_at_1"}
+    assert shared <= set(verl_run.data.metrics) and shared <= set(emb[0].data.metrics)
+    data = load_runs(uri)
+    runs = data.runs.set_index("backend")
+    assert sorted(runs.index) == ["embedded", "verl"]
+    for backend in ("embedded", "verl"):
+        assert runs.loc[backend, "status"] == "FINISHED"
+        assert runs.loc[backend, "acc"] == pytest.approx(
+            (verl_run if backend == "verl" else emb[0]).data.metrics["val-core/arith/acc/mean_at_1"])
+    kl = kl_table(data.runs)
+    assert sorted(kl["backend"]) == ["embedded", "verl"], kl.to_string()
+    assert kl["kl_last"].notna().all(), kl.to_string()
 
 
 pytestmark = pytest.mark.slow
