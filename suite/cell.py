@@ -127,6 +127,23 @@ def compose_cell(overrides: list[str], *, parent_run_id: str | None = None, tags
     return cfg
 
 
+def interruption(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or SystemExit that `exc` was raised while handling, if any.
+
+    A stop signal (SIGINT from a cancelling driver) that lands inside a cleanup can come out as
+    another error: torch.save's zip writer, interrupted mid-write, raises
+    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos`` from its ``__exit__``,
+    with the KeyboardInterrupt as its context."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def run_cell(cfg: DictConfig, run_dir: str, *, on_eval: OnEval | None = None, progress: bool = False,
              sweep_cell: bool = False) -> RunSummary:
     """Run `cfg` with its backend in `run_dir` and record a failure in MLflow (module docstring).
@@ -146,7 +163,10 @@ def run_cell(cfg: DictConfig, run_dir: str, *, on_eval: OnEval | None = None, pr
         return backend(cfg, run_dir, on_eval, progress=progress)
     except refused:
         raise
-    except Exception:
+    except Exception as exc:
+        stop = interruption(exc)
+        if stop is not None:  # a stop, not a failure: the driver that sent it records the run KILLED
+            raise stop from exc
         tb = traceback.format_exc()
         if sweep_cell:
             write_error(run_dir, tb)

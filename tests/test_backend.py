@@ -1,8 +1,10 @@
-"""The backend contract: backends resolved by name, RunSummary read back from each backend's record."""
+"""The backend contract: backends resolved by name, RunSummary read back from each backend's record, and
+what run_cell records when a backend raises."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 
 import pytest
 
@@ -29,3 +31,56 @@ def test_run_summary_from_each_backends_record():
             "mlflow_run_id": "v", "already_finished": False}
     s = RunSummary.from_record(verl, run_id="r", run_dir="/o/r", steps=10, mlflow_run_id=None, tracking_uri="u")
     assert (s.run_id, s.steps, s.mlflow_run_id, s.metric_keys, s.pruned) == ("r", 8, "v", ["k"], False)
+
+
+class _InterruptedWriter(io.BytesIO):
+    """A file whose third write is hit by a stop signal (KeyboardInterrupt), as a cancelled
+    job's checkpoint file is when the driver's SIGINT lands mid torch.save."""
+
+    def __init__(self):
+        super().__init__()
+        self.writes = 0
+
+    def write(self, b):
+        self.writes += 1
+        if self.writes == 3:
+            raise KeyboardInterrupt("SIGINT")
+        return super().write(b)
+
+
+def _statuses(uri: str) -> list[str]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    return [r.info.status for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+
+
+def test_a_stop_inside_torch_save_is_a_stop_and_a_real_error_is_a_failure(tmp_path, monkeypatch):
+    import torch
+
+    from suite import cell
+    from suite.config import compose_config
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = compose_config([f"tracking.tracking_uri={uri}", f"out_dir={tmp_path}"])
+
+    def interrupted_save(cfg, run_dir, on_eval=None, *, progress=False):
+        torch.save({"w": torch.zeros(10_000)}, _InterruptedWriter())
+
+    monkeypatch.setattr(cell, "get_backend", lambda name: interrupted_save)
+    with pytest.raises(RuntimeError, match="unexpected pos") as raised:  # what torch makes of it
+        interrupted_save(cfg, "")
+    assert isinstance(cell.interruption(raised.value), KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt):
+        cell.run_cell(cfg, str(tmp_path / "a"), sweep_cell=True)
+    assert "FAILED" not in _statuses(uri)  # left to the driver that stopped it (KILLED)
+    assert not (tmp_path / "a" / "sweep_error.json").exists()
+
+    def broken(cfg, run_dir, on_eval=None, *, progress=False):
+        raise RuntimeError("a real error")
+
+    monkeypatch.setattr(cell, "get_backend", lambda name: broken)
+    assert cell.interruption(RuntimeError("x")) is None
+    with pytest.raises(RuntimeError, match="a real error"):
+        cell.run_cell(cfg, str(tmp_path / "b"), sweep_cell=True)
+    assert _statuses(uri) == ["FAILED"]
