@@ -58,6 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"(experiment {cfg.tracking.experiment!r})", flush=True)
     start = time.perf_counter()
     from suite.cell import run_cell
+    from suite.tracking.experiments import ui_hint
     from suite.hardware import HardwareError
     from suite.tracking.lock import RunLockedError
     from suite.tracking.loggers import CorruptMetricsError
@@ -78,8 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - start
     print(
         f"done {rid}: held-out acc {summary.baseline_acc:.3f} -> {summary.final_acc:.3f} "
-        f"({summary.delta_acc:+.3f}) in {wall / 60:.1f} min; "
-        f"mlflow ui --backend-store-uri {cfg.tracking.tracking_uri}",
+        f"({summary.delta_acc:+.3f}) in {wall / 60:.1f} min\n"
+        f"  MLflow UI: {ui_hint(summary.tracking_uri or cfg.tracking.tracking_uri, summary.mlflow_run_id)}",
         flush=True,
     )
     return 0

@@ -251,6 +251,10 @@ def _wait_loop(sweep: Sweep, executor, queue: list[Cell], reported: set[int], li
     print_states(states, stream)
     failed = [s for s in states if s.state != "done"]
     set_parent_status(sweep, "FAILED" if failed else "FINISHED")
+    from suite.tracking.experiments import ui_hint
+    from suite.tracking.loggers import resolve_tracking_uri
+
+    print(f"MLflow UI: {ui_hint(resolve_tracking_uri(sweep.tracking_uri), parent)}", file=stream, flush=True)
     return 1 if failed else 0
 
 

@@ -108,3 +108,41 @@ def create_run(client, experiment: str, *, run_name: str | None, tags: Mapping[s
     exp_id = experiment_id(client, experiment, artifact_location=artifact_location)
     tags = dict(tags)
     return client.create_run(exp_id, tags={**context_tags(tags.get(SOURCE_NAME_TAG)), **tags}, run_name=run_name)
+
+
+# MLflow 3.17's UI decides between its GenAI and model-training views by a `workflowType` query
+# parameter, else by the browser's last choice (GenAI at first); the experiment-kind tag above is
+# not read by that version. A link with the parameter opens the runs table in any browser.
+UI_VIEW = "workflowType=machine_learning"
+UI_DEFAULT = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+
+
+def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The MLflow UI's page of an experiment (or of one of its runs), in the model-training view.
+
+    A tracking server (http/https URI) serves the UI at its own address; for any other store
+    the link is where `mlflow ui --backend-store-uri <store>` serves it by default."""
+    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else UI_DEFAULT
+    page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{base}/{page}?{UI_VIEW}"
+
+
+def ui_hint(tracking_uri: str, mlflow_run_id: str | None) -> str:
+    """One line that says where to see `mlflow_run_id` in the MLflow UI (and, for a store
+    without a server, the command that starts one), or only that command when the run cannot be
+    looked up (no run, or the store does not answer)."""
+    served = tracking_uri.startswith(("http://", "https://"))
+    start = f"mlflow ui --backend-store-uri {tracking_uri}"
+    if mlflow_run_id:
+        try:
+            from mlflow import MlflowClient
+
+            from suite.tracking.outage import LIVE_HTTP_ENV, http_env
+
+            with http_env(LIVE_HTTP_ENV):  # one try, 2 s: a dead server must not hold the last line
+                exp = MlflowClient(tracking_uri).get_run(mlflow_run_id).info.experiment_id
+            link = ui_link(tracking_uri, exp, mlflow_run_id)
+            return link if served else f"{start}, then open {link}"
+        except Exception:  # an outage or a removed run: the summary line must still print
+            pass
+    return tracking_uri if served else start

@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from suite.tracking.experiments import SOURCE_NAME_TAG, suite_command
+from suite.tracking.experiments import SOURCE_NAME_TAG, suite_command, ui_hint
 from suite.tracking.rundir import recorded_mlflow_run_id
 from suite.tune.spec import LauncherSpec, ParamSpec, PrunerSpec, SamplerSpec, TuneSpec, TuneSpecError
 from suite.tune.worker import driver_lock, trial_job
@@ -270,7 +270,8 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
         study = open_study(spec, storage_url)
         parent = ensure_parent_run(study, spec, tracking_uri, base.tracking.experiment, spec_text)
         out(f"suite tune {spec.study}: storage {storage_url}\n  trials: {sdir}/trial-NNNN\n  "
-            f"mlflow: {tracking_uri} (experiment {base.tracking.experiment!r}, parent run {parent})")
+            f"mlflow: {tracking_uri} (experiment {base.tracking.experiment!r}, parent run {parent})\n"
+            f"  MLflow UI: {ui_hint(tracking_uri, parent)}")
         _reconcile(study, tracking_uri, out)
         dists = distributions(spec)
         executor = make_executor(spec.launcher, str(sdir / "jobs"), job_name=f"tune-{spec.study}")

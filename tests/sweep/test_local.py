@@ -115,6 +115,10 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
         assert sorted(hist) == list(range(1, 9)), (r.data.tags["cell"], hist)
     arts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"sweep.yaml", "matrix.json", "matrix.csv"} <= arts
+    # the last line leads to the parent's page in the UI's training view
+    assert out.stdout.rstrip().splitlines()[-1] == (
+        f"MLflow UI: mlflow ui --backend-store-uri {uri}, then open http://127.0.0.1:5000/#/experiments/"
+        f"{exp.experiment_id}/runs/{parents[0].info.run_id}?workflowType=machine_learning"), out.stdout
 
     # a finished sweep, re-run, and its status: nothing submitted, no new MLflow run, the parent's
     # end time as the sweep wrote it

@@ -18,8 +18,11 @@ from suite.tracking.experiments import (
     EXPERIMENT_KIND_TAG,
     context_tags,
     create_run,
+    UI_VIEW,
     experiment_id,
     suite_command,
+    ui_hint,
+    ui_link,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
@@ -87,3 +90,58 @@ def test_run_names_show_model_steps_lr_and_the_axes_that_vary():
         "grpo-fp8-acr-s1.5-arith-small-40steps-lr0.0001-seed2 rollout.temperature=1.5 tracking.tags.x=y"
     aligned = compose_config(["quant=w4a16", "correction=tbpo", "correction.aligned_forward=true"])
     assert run_name(aligned).startswith("grpo-w4a16-tbpo+aligned-s1.5-")
+
+
+# ---------------------------------------------------------------------------- the UI link
+
+
+def _ui_bundle() -> str:
+    import glob
+
+    import mlflow
+
+    js = os.path.join(os.path.dirname(mlflow.__file__), "server", "js", "build", "static", "js", "main.*.js")
+    files = glob.glob(js)
+    assert files, f"no MLflow UI bundle at {js}"
+    return open(files[0], encoding="utf-8").read()
+
+
+def test_the_installed_ui_reads_the_view_parameter_the_link_sets():
+    # The link's `workflowType=machine_learning` is what this MLflow's UI reads from the URL to
+    # choose its model-training view; when an upgrade renames it, this fails, not the users' links.
+    key, value = UI_VIEW.split("=")
+    bundle = _ui_bundle()
+    assert f'get("{key}")' in bundle and f'MACHINE_LEARNING="{value}"' in bundle
+
+
+def test_a_link_to_a_run_in_a_file_store_names_the_command_and_the_page(client, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = create_run(client, "suite", run_name="r", tags={})
+    e, r = run.info.experiment_id, run.info.run_id
+    assert ui_link(uri, e) == f"http://127.0.0.1:5000/#/experiments/{e}?workflowType=machine_learning"
+    assert ui_hint(uri, r) == (f"mlflow ui --backend-store-uri {uri}, then open "
+                               f"http://127.0.0.1:5000/#/experiments/{e}/runs/{r}?workflowType=machine_learning")
+    # no run, or one the store does not have: only the command (the summary line still prints)
+    assert ui_hint(uri, None) == ui_hint(uri, "0" * 32) == f"mlflow ui --backend-store-uri {uri}"
+
+
+def test_a_link_to_a_run_on_a_tracking_server_is_the_servers_own_page(mlflow_server_uri):
+    import urllib.request
+
+    client = MlflowClient(mlflow_server_uri)
+    run = create_run(client, "suite-ui-link", run_name="r", tags={})
+    link = ui_hint(mlflow_server_uri, run.info.run_id)
+    assert link == (f"{mlflow_server_uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+                    "?workflowType=machine_learning")
+    with urllib.request.urlopen(link.split("#")[0], timeout=30) as page:  # the UI's page is served there
+        assert page.status == 200 and b"<html" in page.read(2000).lower()
+    assert ui_hint(mlflow_server_uri + "/", None) == mlflow_server_uri + "/"
+
+
+def test_a_link_to_a_run_on_a_dead_server_is_the_server_at_once():
+    import time
+
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens
+    start = time.perf_counter()
+    assert ui_hint(dead, "0" * 32) == dead
+    assert time.perf_counter() - start < 30  # one try, not MLflow's minutes of retries
