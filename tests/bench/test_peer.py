@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -105,3 +106,63 @@ def test_vllm_decodes_the_exported_network_greedily_as_we_do(tmp_path):
     # fp32 both, peaked logits: the first new token of every row agrees (later ones may part
     # after a near tie, as vLLM's kernels sum in another order)
     assert torch.equal(theirs[:, 0], ours[:, 0])
+
+
+def test_vllm_agreement_is_computed_on_our_prefix_at_our_new_positions():
+    from suite.bench.peer import vllm_agreement
+
+    g = -9.0  # prompt / past-the-end positions: any use of them changes every number below
+    ours_tok = torch.tensor([[0, 1, 2], [2, 2, 2]])  # [B=2, R=3], prompt length 2
+    vllm_tok = torch.tensor([[0, 2, 2], [2, 2, 2]])  # row 0 parts at step 1, row 1 never
+    ours_lp = torch.tensor([
+        [[g, g, g], [-0.5, -2, -3], [-3, -1, -1.25], [-4, -2, -0.25], [g, g, g]],
+        [[g, g, g], [-2, -3, -0.5], [-2, -3, -0.75], [-1, -3, -0.5], [g, g, g]],
+    ])  # [B, P + R, V]; ours_lp[:, t] predicts token t + 1
+    tf = {"top": torch.tensor([[g, 0, 2, 2], [g, 2, 2, 0]]).long(),  # vLLM's argmax: 4 of our 6 tokens
+          "lp": torch.tensor([[g, -0.625, -1.25, -0.625], [g, -0.125, -1.25, -1.125]])}  # [B, P + R - 1]
+    got = vllm_agreement(ours_tok, ours_lp, vllm_tok, tf)
+    assert got["vllm_tf_match"] == pytest.approx(4 / 6)
+    assert got["vllm_first_diff_margin"] == 0.25  # row 0, step 1: -1 vs -1.25
+    # |ours - vLLM| of our tokens: 0.125, 0.25, 0.375 | 0.375, 0.5, 0.625 -> median 0.375
+    assert got["vllm_lp_diff"] == 0.375
+    same = vllm_agreement(ours_tok, ours_lp, ours_tok, tf)
+    assert math.isnan(same["vllm_first_diff_margin"])  # no row parts: no margin to report
+
+
+@pytest.mark.slow  # starts vLLM (~20 s) where its CPU environment exists
+def test_vllm_takes_the_eos_id_greedily_where_we_do(tmp_path):
+    """The bench decodes without a stop token on both sides; vLLM must not mask the config's
+    ``eos_token_id`` (what ``min_tokens`` does), or its greedy pick differs from ours at every
+    step where that id is the argmax. fp32 both: the tokens, and vLLM's teacher-forced argmax on
+    our tokens, are ours exactly (the logits differ by ~1e-6; the margins here are > 1e-3)."""
+    from suite.bench.peer import ours_generate
+    from suite.bench.rollout import bench_model, bench_prompts
+    from suite.bench.vllm_peer import VLLM_PYTHON, VllmPeer, export_model, vllm_missing
+    from suite.core.quant import QuantScheme
+    from suite.embedded.engine import RolloutEngine
+
+    why = vllm_missing(VLLM_PYTHON)
+    if why:
+        pytest.skip(why)
+    model = bench_model("tiny", gain=4.0)
+    prompts = bench_prompts(6, 6, model.cfg.vocab_size, seed=1)
+    eos = 2  # export_model's eos_token_id
+    first = ours_generate(RolloutEngine(model, QuantScheme("fp32")), prompts, 1)[:, 0]  # [6]
+    with torch.no_grad():  # the eos row: 1.5x the row of the token prompt 0 picks first, so it wins there
+        model.lm_head.weight[eos] = 1.5 * model.lm_head.weight[first[0]]
+    engine = RolloutEngine(model, QuantScheme("fp32"))
+    ours = ours_generate(engine, prompts, 5)  # [6, 5]
+    assert (ours == eos).sum() >= 3  # the eos id is our greedy pick, more than once
+    peer = VllmPeer(VLLM_PYTHON, str(tmp_path), export_model(model, str(tmp_path), "fp32"), prompts, 5)
+    try:
+        theirs = peer.generate()  # [6, 5]
+        full = torch.cat([torch.tensor(prompts), ours], 1)  # [6, 11]
+        tf = peer.teacher_forced(full)
+    finally:
+        peer.close()
+    lp = torch.log_softmax(engine.logits(full), -1)  # [6, 11, V]
+    top2 = lp[:, 5:-1].topk(2, -1).values  # [6, 5, 2]
+    assert (top2[..., 0] - top2[..., 1]).min() > 1e-3  # no near tie that 1e-6 could flip
+    assert torch.equal(theirs, ours)
+    assert torch.equal(tf["top"][:, 5:], ours)
+    assert_close(tf["lp"][:, 5:], lp[:, 5:-1].gather(-1, ours[..., None])[..., 0], rtol=0, atol=1e-4)
