@@ -79,17 +79,20 @@ def main() -> int:
 
 
 def teacher_forced(llm, seqs: list[list[int]]) -> dict:
-    """The ``tf`` reply (module doc): ``prompt_logprobs=1`` gives, per position, the rank-1
-    token and the sequence's own token with their log-probs (of the raw logits)."""
+    """The ``tf`` reply (module doc): ``prompt_logprobs=5`` gives, per position, the five most
+    likely tokens and the sequence's own token with their log-probs (of the raw logits). Of
+    tokens tied for the maximum the lowest id is the argmax, as greedy decoding (``argmax``)
+    picks it; vLLM's own order of tied tokens (``topk``, its ranks) is not that. bf16 logits
+    tie often (1-2 % of the positions here)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     out = llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in seqs],
-                       SamplingParams(max_tokens=1, prompt_logprobs=1, detokenize=False), use_tqdm=False)
+                       SamplingParams(max_tokens=1, prompt_logprobs=5, detokenize=False), use_tqdm=False)
     top, top_lp, lp = [], [], []
     for s, o in zip(seqs, out):
         pos = o.prompt_logprobs[1:]  # position t >= 1: {token id: Logprob} given tokens < t
-        best = [min(d.items(), key=lambda kv: kv[1].rank) for d in pos]
+        best = [min(d.items(), key=lambda kv: (-kv[1].logprob, kv[0])) for d in pos]
         top.append([k for k, _ in best])
         top_lp.append([v.logprob for _, v in best])
         lp.append([d[t].logprob for t, d in zip(s[1:], pos)])
