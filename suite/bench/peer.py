@@ -37,7 +37,8 @@ from suite.bench.vllm_peer import VLLM_PYTHON
 DTYPES = ("fp32", "bf16", "int8")  # int8: our W8A8 engine against vLLM's (HF has no W8A8 CPU path)
 COLUMNS = ("model", "batch", "new_tokens", "dtype", "kernels", "ours_tokens_per_s", "hf_tokens_per_s",
            "ratio_vs_hf", "vllm_tokens_per_s", "ratio_vs_vllm", "ours_spread", "hf_spread", "tokens_match",
-           "vllm_tokens_match", "logits_max_abs_diff", "ours_ops_per_token", "hf_ops_per_token", "ours_gemm_share",
+           "vllm_tokens_match", "vllm_tf_match", "ours_tf_match", "vllm_first_diff_margin", "vllm_lp_diff",
+           "logits_max_abs_diff", "ours_ops_per_token", "hf_ops_per_token", "ours_gemm_share",
            "hf_gemm_share")
 
 
@@ -127,7 +128,7 @@ def run_peer(models, batches, new_tokens: int, dtypes, *, prompt_len: int, repea
                         note(f"  vLLM {vllm.version} ready ({vllm.init_s:.0f} s to start)")
                         fns["vllm"] = vllm.generate
                     try:
-                        row = _measure(fns, engine, hf, ids, prompts, new_tokens, repeats, warmup)
+                        row = _measure(fns, engine, hf, ids, prompts, new_tokens, repeats, warmup, vllm)
                     finally:
                         if vllm is not None:
                             vllm.close()
@@ -138,9 +139,37 @@ def run_peer(models, batches, new_tokens: int, dtypes, *, prompt_len: int, repea
     return rows
 
 
-def _measure(fns, engine, hf, ids, prompts, new_tokens: int, repeats: int, warmup: int) -> dict:
+def vllm_agreement(ours_tok, ours_lp, vllm_tok, tf: dict) -> dict:
+    """How far vLLM's greedy tokens part from ours, and why: greedy sequences part for good at
+    the first step where the two engines' logits, which differ by rounding, order a near tie
+    differently; what follows is a different prefix, so ``vllm_tokens_match`` says little
+    about the two computations. ``ours_tok`` / ``vllm_tok`` [B, R]: the new tokens; ``ours_lp``
+    [B, P + R, V]: our log-probs teacher-forced on prompt + ``ours_tok``; ``tf``: vLLM's on the
+    same sequences (VllmPeer.teacher_forced, [B, P + R - 1] each). Returns ``vllm_tf_match``
+    (fraction of new positions where vLLM's argmax given our prefix is our token),
+    ``vllm_first_diff_margin`` (median over the rows that part of our top-1 minus top-2
+    log-prob at the first differing step, where both engines saw the same prefix; nan if none
+    part), ``vllm_lp_diff`` (median |our log-prob - vLLM's| of our tokens) and ``ours_tf_match``
+    (the same as ``vllm_tf_match`` for our own full forward: where our prefill and our decode
+    step round differently, bf16, they too pick other tokens at near ties)."""
+    r = ours_tok.shape[1]
+    own = ours_lp[:, -r - 1:-1]  # [B, R, V]: the distributions our new tokens were drawn from
+    top2 = own.topk(2, dim=-1).values  # [B, R, 2]
+    margin = top2[..., 0] - top2[..., 1]  # [B, R]
+    parted = (vllm_tok != ours_tok).any(1)  # [B]
+    first = (vllm_tok != ours_tok).int().argmax(1)  # [B]: the first differing step where a row parts
+    at = margin[parted, first[parted]]  # [rows that part]
+    ours_own = own.gather(-1, ours_tok[..., None])[..., 0]  # [B, R]
+    return {"vllm_tf_match": float((tf["top"][:, -r:] == ours_tok).float().mean()),
+            "ours_tf_match": float((own.argmax(-1) == ours_tok).float().mean()),
+            "vllm_first_diff_margin": float(at.median()) if at.numel() else float("nan"),
+            "vllm_lp_diff": float((ours_own - tf["lp"][:, -r:]).abs().median())}
+
+
+def _measure(fns, engine, hf, ids, prompts, new_tokens: int, repeats: int, warmup: int, vllm=None) -> dict:
     """One row's numbers: tokens/s of each peer in ``fns`` (timed interleaved), whether the
-    greedy tokens and logits agree with ours, and the profile of ours and HF's calls."""
+    greedy tokens and logits agree with ours (and with ``vllm``'s, a VllmPeer, teacher-forced
+    on our tokens), and the profile of ours and HF's calls."""
     import torch
 
     from suite.bench.rollout import op_shares
@@ -157,6 +186,11 @@ def _measure(fns, engine, hf, ids, prompts, new_tokens: int, repeats: int, warmu
         row[f"ratio_vs_{name}"] = tps["ours"] / tps[name] if name in tps else nan
     row["hf_spread"] = spread(times["hf"]) if "hf" in times else nan
     row["vllm_tokens_match"] = float((toks["vllm"] == ours_tok).float().mean()) if "vllm" in toks else nan
+    row.update({"vllm_tf_match": nan, "ours_tf_match": nan, "vllm_first_diff_margin": nan, "vllm_lp_diff": nan})
+    if vllm is not None:
+        ours_full = torch.cat([ids, ours_tok], 1)  # [B, P + R]
+        ours_lp = torch.log_softmax(engine.logits(ours_full), -1)  # [B, P + R, V]
+        row.update(vllm_agreement(ours_tok, ours_lp, toks["vllm"], vllm.teacher_forced(ours_full)))
     # What bounds the ratio: aten operator calls per decoded token (eager dispatch overhead)
     # and the GEMM share of self CPU time, one profiled call each.
     po = op_shares(fns["ours"])
@@ -219,6 +253,11 @@ def cmd_peer(args) -> int:
                      "time includes the line-protocol round trip, ~ms); int8 = a compressed-tensors W8A8 "
                      "checkpoint of our per-channel codes and scales, per-token dynamic activations "
                      "(suite.bench.vllm_peer); vllm_tokens_match = fraction of greedy tokens equal to ours")
+        notes.append("vllm_tf_match = fraction of new positions where vLLM's argmax given OUR prefix (teacher-forced) "
+                     "is our token: the agreement of the two computations (greedy sequences part for good at the "
+                     "first flipped near tie); vllm_first_diff_margin = median of our top-1 minus top-2 log-prob at "
+                     "the first step a row parts; vllm_lp_diff = median |our log-prob - vLLM's| of our tokens "
+                     "(peer.vllm_agreement); ours_tf_match = the same for our own full forward against our decode")
         notes.append("ours vs vLLM: " + ", ".join(
             f"{r['model']} b{r['batch']} {r['dtype']} {r['ratio_vs_vllm']:.2f}x" for r in rows))
     else:

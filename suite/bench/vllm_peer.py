@@ -116,6 +116,20 @@ class VllmPeer:
         self.proc.stdin.flush()
         return torch.tensor(self._read()["tokens"])
 
+    def teacher_forced(self, seqs) -> dict:
+        """vLLM's next-token choice at every position of ``seqs`` [B, T] (one prefill each, the
+        runner's ``tf``): tensors ``top`` (its argmax), ``top_lp`` (its log-prob) and ``lp`` (the
+        log-prob of ``seqs``' own token), each [B, T - 1], position t predicting token t + 1."""
+        import torch
+
+        path = os.path.join(os.path.dirname(self.log), "tf.json")
+        with open(path, "w") as fh:
+            json.dump(seqs.tolist(), fh)
+        self.proc.stdin.write(f"tf {path}\n")
+        self.proc.stdin.flush()
+        r = self._read()
+        return {"top": torch.tensor(r["top"]), "top_lp": torch.tensor(r["top_lp"]), "lp": torch.tensor(r["lp"])}
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.write("quit\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -105,3 +106,25 @@ def test_vllm_decodes_the_exported_network_greedily_as_we_do(tmp_path):
     # fp32 both, peaked logits: the first new token of every row agrees (later ones may part
     # after a near tie, as vLLM's kernels sum in another order)
     assert torch.equal(theirs[:, 0], ours[:, 0])
+
+
+def test_vllm_agreement_is_computed_on_our_prefix_at_our_new_positions():
+    from suite.bench.peer import vllm_agreement
+
+    g = -9.0  # prompt / past-the-end positions: any use of them changes every number below
+    ours_tok = torch.tensor([[0, 1, 2], [2, 2, 2]])  # [B=2, R=3], prompt length 2
+    vllm_tok = torch.tensor([[0, 2, 2], [2, 2, 2]])  # row 0 parts at step 1, row 1 never
+    ours_lp = torch.tensor([
+        [[g, g, g], [-0.5, -2, -3], [-3, -1, -1.25], [-4, -2, -0.25], [g, g, g]],
+        [[g, g, g], [-2, -3, -0.5], [-2, -3, -0.75], [-0.25, -3, -0.5], [g, g, g]],
+    ])  # [B, P + R, V]; ours_lp[:, t] predicts token t + 1
+    tf = {"top": torch.tensor([[g, 0, 2, 2], [g, 2, 2, 0]]).long(),  # vLLM's argmax: 4 of our 6 tokens
+          "lp": torch.tensor([[g, -0.625, -1.25, -0.625], [g, -0.125, -1.25, -1.125]])}  # [B, P + R - 1]
+    got = vllm_agreement(ours_tok, ours_lp, vllm_tok, tf)
+    assert got["vllm_tf_match"] == pytest.approx(4 / 6)
+    assert got["vllm_first_diff_margin"] == 0.25  # row 0, step 1: -1 vs -1.25
+    # |ours - vLLM| of our tokens: 0.125, 0.25, 0.375 | 0.375, 0.5, 0.625 -> median 0.375
+    assert got["vllm_lp_diff"] == 0.375
+    assert got["ours_tf_match"] == pytest.approx(5 / 6)  # row 1, step 2: our full forward's argmax is token 0
+    same = vllm_agreement(ours_tok, ours_lp, ours_tok, tf)
+    assert math.isnan(same["vllm_first_diff_margin"])  # no row parts: no margin to report
