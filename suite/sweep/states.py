@@ -86,7 +86,7 @@ class CellState:
 
 
 def _last_step(run_dir: str) -> int:
-    from suite.tracking.checkpoint import list_checkpoints
+    from suite.tracking.rundir import list_checkpoints
 
     ck = list_checkpoints(run_dir)
     return ck[-1][0] if ck else -1
@@ -139,8 +139,7 @@ def _sacct(job_ids: list[str]) -> dict[str, str]:
 def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
     """The state of every cell (see module docstring). `live_jobs` maps cell index -> the
     submitit job object of a local job started by this process (to reap it)."""
-    from suite.cell import error_line
-    from suite.tracking.rundir import ERROR_FILE
+    from suite.tracking.rundir import ERROR_FILE, error_line
 
     recs = latest_records(sweep)
     folder = Path(sweep.state_dir) / SUBMITIT_DIR
