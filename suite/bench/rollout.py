@@ -17,6 +17,7 @@ operator group) per precision, for the largest batch: it shows what bounds a rat
 from __future__ import annotations
 
 import argparse
+import os
 
 from suite.bench.common import (
     BenchError,
@@ -115,10 +116,18 @@ _SAMPLE_OPS = ("aten::multinomial", "aten::_log_softmax", "aten::exp", "aten::ex
                "aten::argmax", "aten::sort", "aten::cumsum", "aten::scatter")
 
 
+# torch 2.13's profiler backend (kineto) writes a `USDT:... profiler_start` / `profiler_stop` line to
+# stderr at every profile, at its highest log level. KINETO_LOG_LEVEL is kineto's threshold, read
+# when the profiler first starts in a process (PyTorch's own benchmarks/dynamo/common.py sets it to
+# quiet the profiler the same way); 6 is above every level, USDT's included. A value the user set wins.
+KINETO_QUIET_LEVEL = "6"
+
+
 def op_shares(fn) -> dict[str, float]:
     """Run ``fn`` once under the torch profiler: the share of self CPU time in GEMMs,
     attention, activation quantization / casts, sampling, and everything else, the total
     self CPU seconds and the number of aten operator calls."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET_LEVEL)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
