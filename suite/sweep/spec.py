@@ -280,7 +280,8 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
 
     With `recorded` (`suite status`, which only reads), a sweep whose file and overrides are those
     its last launch recorded in the state dir gets that launch's cells (`suite.sweep.recorded`):
-    one cell composed instead of all of them.
+    none composed when the record's fingerprint of what composing depends on is this process's,
+    else one (its run id checks the record), instead of all of them.
     """
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
