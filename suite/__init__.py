@@ -1,7 +1,6 @@
 """suite: RL of language models with a quantized rollout actor (docs/architecture.md).
 
-The package root wires the backends' config sections into suite.config, which imports no
-backend itself: suite.verl.config registers ``backend=verl`` (it is light: no verl import).
+The package root imports nothing: `suite --help` and `suite status` load only what they use.
+The backends' config sections are wired into suite.config by suite.config itself, which imports
+them by name last (``BACKEND_MODULES``): suite.verl.config registers ``backend=verl``.
 """
-
-from suite.verl import config as _verl_config  # noqa: F401  (registers backend=verl)

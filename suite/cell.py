@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 
 from suite.backend import OnEval, RunSummary, get_backend
 from suite.tracking import rundir
+from suite.tracking.rundir import error_line
 
 
 def run_tags(cfg: DictConfig, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -52,15 +53,6 @@ def open_mlflow_run(cfg: DictConfig, run_dir: str, *, tags: Mapping[str, str] | 
         run_dir, t.tracking_uri, t.experiment, t.run_name or run_name or default_name(cfg),
         tags=run_tags(cfg, tags), parent_run_id=t.parent_run_id or None, catch_up=catch_up,
     )
-
-
-def error_line(tb: str) -> str:
-    """The first line of an error, from a traceback: its last 'ExcType: message' line."""
-    lines = [ln for ln in tb.strip().splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if not ln.startswith((" ", "\t")) and not ln.startswith("Traceback") and not ln.startswith("During handling"):
-            return ln.strip()[:500]
-    return (lines[-1].strip() if lines else "unknown error")[:500]
 
 
 def mark_failed(cfg: DictConfig, run_dir: str, message: str) -> None:

@@ -19,14 +19,16 @@ import os
 import sys
 import time
 
-from hydra.errors import HydraException
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from suite.config import ConfigError, compose_config, run_id
+# Nothing heavy at the top: `suite --help` and the light verbs (`suite status`) must not pay for
+# Hydra's composition or torch, which suite.config imports (its registries live with torch code).
 
 
 def _compose_or_exit(overrides: list[str]):
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from suite.config import ConfigError, compose_config
+
     try:
         return compose_config(overrides)
     except (ConfigError, HydraException, OmegaConfBaseException) as exc:
@@ -44,6 +46,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.cfg = "job"
     _refuse_multirun(args.multirun, overrides)
     cfg = _compose_or_exit(overrides)
+    from omegaconf import OmegaConf
+
+    from suite.config import run_id
+
     if args.cfg:
         if args.cfg in ("job", "all"):
             print(OmegaConf.to_yaml(cfg, resolve=True), end="")
@@ -92,7 +98,7 @@ CFG_PARTS = ("job", "hydra", "all")
 def _refuse_multirun(multirun: bool, overrides: list[str]) -> None:
     """Hydra's `-m` and `key=a,b` sweeps: `suite run` runs one experiment; a matrix is a sweep file,
     run by the suite's launcher (resumable, one MLflow parent run, local or SLURM)."""
-    from suite.config import parse_overrides
+    from suite.overrides import ConfigError, parse_overrides
 
     sweeps = []
     if not multirun:

@@ -10,6 +10,7 @@ fails in :func:`validate`, before anything runs, naming the full key and the all
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import re
@@ -23,7 +24,9 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from suite import regimes
-from suite.hydra_compat import hydra_refusal
+# overrides: parsed and type-checked before and after composing (re-exported: the config's API)
+from suite.overrides import ConfigError, check_override_types, parse_overrides  # noqa: F401
+from suite.overrides import check as _check
 from suite.core.losses import CORRECTIONS as _LOSS_REGISTRY
 from suite.core.losses import TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP
 from suite.core.quant import FP8_GRANULARITIES, PRECISIONS  # noqa: F401  (PRECISIONS: the quantizer registry)
@@ -248,25 +251,16 @@ BACKEND_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
 def register_backend(name: str, node: Any, check: Callable[[DictConfig], None]) -> None:
     """Register backend ``name``'s config section (``backend=<name>``, a ``BackendConfig``
     subclass instance) and the check :func:`validate` runs on its configs. Backends call it
-    when their config module is imported (suite.verl.config, imported by the package root
-    ``suite/__init__.py``), so this module imports no backend."""
+    when their config module is imported (suite.verl.config, listed in ``BACKEND_MODULES`` at the
+    end of this module), so this module imports no backend at its top."""
     ConfigStore.instance().store(group="backend", name=name, node=node)
     BACKEND_CHECKS[name] = check
-
-
-class ConfigError(ValueError):
-    """A configuration value or combination that cannot run; the message names the key."""
 
 
 def _choice(cfg: DictConfig, key: str, allowed: tuple) -> None:
     value = OmegaConf.select(cfg, key)
     if value not in allowed:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
-
-
-def _check(cond: bool, key: str, message: str) -> None:
-    if not cond:
-        raise ConfigError(f"{key}: {message}")
 
 
 def _number(cfg: DictConfig, key: str, lo: float | None = None, hi: float | None = None,
@@ -463,38 +457,8 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     return finalize(cfg)
 
 
-def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list:
-    """Hydra's parse of each override, one at a time so that an error names the override."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    parser = OverridesParser.create()
-    parsed = []
-    for line in overrides:
-        try:
-            o = parser.parse_overrides([line])[0]
-        except OverrideParseException as exc:
-            reason = str(exc).splitlines()
-            raise ConfigError(
-                f"override {line!r} does not parse ({reason[-2] if len(reason) > 1 else reason[0]}); values with "
-                "shell or grammar characters need quotes, e.g. 'key=\"a value\"'") from None
-        _check(bool(o.key_or_group), f"override {line!r}", "has no key before '='")
-        _check(not o.is_hydra_override(), f"override {line!r}", hydra_refusal(o.key_or_group))
-        parsed.append(o)
-    return parsed
-
-
-def check_override_types(cfg: DictConfig, parsed: list) -> None:
-    """A boolean key takes true or false only: OmegaConf would read 2, yes or on as true."""
-    from omegaconf.nodes import BooleanNode
-
-    for o in parsed:
-        if o.is_delete() or o.is_sweep_override() or o.is_hydra_override():
-            continue
-        node = OmegaConf.select(cfg, o.key_or_group, throw_on_missing=False)
-        parent_key, _, leaf = o.key_or_group.rpartition(".")
-        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
-        child = parent._get_node(leaf) if isinstance(parent, DictConfig) and leaf in parent else None
-        if isinstance(child, BooleanNode) and node is not None:
-            value = o.value()
-            _check(isinstance(value, bool), o.key_or_group, f"must be true or false, got {value!r}")
+# The backends' config sections: each module calls register_backend when imported. Named here and
+# imported last (they import this module's names), so this module imports no backend at its top.
+BACKEND_MODULES = ("suite.verl.config",)
+for _module in BACKEND_MODULES:
+    importlib.import_module(_module)

@@ -41,17 +41,16 @@ from suite.bench.common import (
     parse_list,
     set_threads,
 )
-from suite.core.quant import PRECISIONS
 
 PARTS = ("sweep", "mlflow", "report")
 COLUMNS = ("item", "n", "seconds", "per_item_ms", "share_of_run", "note")
 # The 1,000-cell grid: precision x correction x UAQ s x seed = 5 x 4 x 5 x 10.
-GRID = {
-    "quant": list(PRECISIONS),
-    "correction": ["naive", "tis", "acr", "tbpo"],
-    "uaq.s": ["1.0", "1.25", "1.5", "1.75", "2.0"],
-    "seed": [str(i) for i in range(10)],
-}
+def grid() -> dict[str, list[str]]:
+    """The grid's axes (a function: the precisions come from the quantizer registry, with torch)."""
+    from suite.core.quant import PRECISIONS
+
+    return {"quant": list(PRECISIONS), "correction": ["naive", "tis", "acr", "tbpo"],
+            "uaq.s": ["1.0", "1.25", "1.5", "1.75", "2.0"], "seed": [str(i) for i in range(10)]}
 
 
 def register(sub) -> None:
@@ -72,19 +71,20 @@ def register(sub) -> None:
 
 
 def grid_cells(n: int) -> list[dict[str, str]]:
-    """The first ``n`` cells of GRID in matrix order (seed varies fastest)."""
-    return [dict(zip(GRID, combo)) for combo in itertools.islice(itertools.product(*GRID.values()), n)]
+    """The first ``n`` cells of the grid in matrix order (seed varies fastest)."""
+    g = grid()
+    return [dict(zip(g, combo)) for combo in itertools.islice(itertools.product(*g.values()), n)]
 
 
 def _sweep_yaml(n: int, out_dir: str) -> str:
-    """A sweep file whose matrix expands to exactly ``n`` cells of GRID (an include list
+    """A sweep file whose matrix expands to exactly ``n`` cells of the grid (an include list
     when n is not a full grid)."""
-    cells = grid_cells(n)
+    cells, g = grid_cells(n), grid()
     lines = ["name: bench-overheads", "description: suite bench overheads (sweep expansion)",
              "base:", f"  - out_dir={out_dir}"]
-    if n == len(list(itertools.product(*GRID.values()))):
+    if n == len(list(itertools.product(*g.values()))):
         lines.append("matrix:")
-        for k, vals in GRID.items():
+        for k, vals in g.items():
             lines.append(f"  {k}: [{', '.join(vals)}]")
     else:
         lines.append("include:")
@@ -266,7 +266,7 @@ def _write_runs(uri: str, experiment: str, n: int, steps: int, api_runs: int) ->
     rng = random.Random(0)
     keys = [mlflow_metric_key(k) for k in (*HISTORY_KEYS, acc_key("arith"))]
     now = int(time.time() * 1000)
-    cells = grid_cells(n)
+    cells, g = grid_cells(n), grid()
     k = min(n, api_runs) if uri.startswith("sqlite:///") else n
     templates = []
     t0 = time.perf_counter()
@@ -355,7 +355,7 @@ def cmd_overheads(args) -> int:
     try:
         check_common(args)
         parts = parse_list("--parts", args.parts, PARTS)
-        full = len(list(itertools.product(*GRID.values())))
+        full = len(list(itertools.product(*grid().values())))
         for opt, v in (("--cells", args.cells), ("--runs", args.runs)):
             if not 1 <= v <= full:
                 raise BenchError(f"{opt}={v} must be in 1..{full}")

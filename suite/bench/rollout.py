@@ -17,6 +17,7 @@ operator group) per precision, for the largest batch: it shows what bounds a rat
 from __future__ import annotations
 
 import argparse
+import os
 
 from suite.bench.common import (
     BenchError,
@@ -32,7 +33,6 @@ from suite.bench.common import (
     set_threads,
     spread,
 )
-from suite.core.quant import PRECISIONS  # the quantizer registry: every precision
 
 COLUMNS = ("model", "d_model", "batch", "new_tokens", "precision", "path", "tokens_per_s", "ratio_vs_fp32",
            "ratio_vs_bf16", "gen_s", "spread", "sync_ms", "sync_pct_of_gen")
@@ -44,7 +44,7 @@ def register(sub) -> None:
     p = sub.add_parser("rollout", help="decode tokens/s per precision x model x batch, and weight-sync time",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="small,wide", help="model presets, comma-separated (default small,wide)")
-    p.add_argument("--precisions", default=",".join(PRECISIONS), help="rollout precisions (default: all five)")
+    p.add_argument("--precisions", default=None, help="rollout precisions (default: every registered one)")
     p.add_argument("--batch", default="8,64", help="sequences decoded at once, comma-separated (default 8,64)")
     p.add_argument("--new-tokens", default="32", help="tokens decoded per sequence, comma-separated (default 32)")
     p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence (default 16)")
@@ -85,11 +85,13 @@ def bench_prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[li
 
 
 def _check(args) -> tuple[list[str], list[str], list[int], list[int]]:
+    from suite.core.quant import PRECISIONS  # the quantizer registry (torch: not at `suite -h` time)
     from suite.embedded.engine import KERNELS
     from suite.embedded.model import PRESETS
 
     check_common(args)
     models = parse_list("--models", args.models, tuple(PRESETS))
+    args.precisions = args.precisions or ",".join(PRECISIONS)
     precisions = parse_list("--precisions", args.precisions, PRECISIONS)
     batches = parse_ints("--batch", args.batch)
     new_tokens = parse_ints("--new-tokens", args.new_tokens)
@@ -114,10 +116,18 @@ _SAMPLE_OPS = ("aten::multinomial", "aten::_log_softmax", "aten::exp", "aten::ex
                "aten::argmax", "aten::sort", "aten::cumsum", "aten::scatter")
 
 
+# torch 2.13's profiler backend (kineto) writes a `USDT:... profiler_start` / `profiler_stop` line to
+# stderr at every profile, at its highest log level. KINETO_LOG_LEVEL is kineto's threshold, read
+# when the profiler first starts in a process (PyTorch's own benchmarks/dynamo/common.py sets it to
+# quiet the profiler the same way); 6 is above every level, USDT's included. A value the user set wins.
+KINETO_QUIET_LEVEL = "6"
+
+
 def op_shares(fn) -> dict[str, float]:
     """Run ``fn`` once under the torch profiler: the share of self CPU time in GEMMs,
     attention, activation quantization / casts, sampling, and everything else, the total
     self CPU seconds and the number of aten operator calls."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET_LEVEL)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -35,7 +35,6 @@ from suite.bench.common import (
     parse_list,
     set_threads,
 )
-from suite.core.quant import PRECISIONS  # the quantizer registry: every precision
 
 PHASES = {  # column -> the trainer's timing keys that make it up
     "sync_s": ("timing_s/update_weights",),
@@ -52,7 +51,7 @@ def register(sub) -> None:
     p = sub.add_parser("step", help="one RL step split into sync / gen / prox log-probs / train, per precision",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides of the experiment (default: the default experiment)")
-    p.add_argument("--precisions", default=",".join(PRECISIONS), help="rollout precisions (default: all five)")
+    p.add_argument("--precisions", default=None, help="rollout precisions (default: every registered one)")
     add_common_args(p)
     p.set_defaults(func=cmd_step)
 
@@ -136,6 +135,9 @@ def run_step(cfgs: dict, *, repeats: int, warmup: int) -> tuple[list[dict], dict
 def cmd_step(args) -> int:
     try:
         check_common(args)
+        from suite.core.quant import PRECISIONS  # the quantizer registry (torch: not at `suite -h` time)
+
+        args.precisions = args.precisions or ",".join(PRECISIONS)
         precisions = parse_list("--precisions", args.precisions, PRECISIONS)
         cfgs = _configs(args.overrides, precisions)
     except BenchError as exc:

@@ -11,3 +11,5 @@ the pure table functions, `paper` the published values and their pairing, `fmt` 
 `plots` draws, `notebook` builds and executes the report notebook, `build` writes a report
 directory and `cli` is the verb. docs/reports.md describes the outputs.
 """
+
+BOOTSTRAP_MIN_N = 20  # seeds from which the percentile bootstrap replaces the t-interval (suite.report.stats)

@@ -20,7 +20,7 @@ import time
 
 
 def register(subparsers) -> None:
-    from suite.report.stats import BOOTSTRAP_MIN_N
+    from suite.report import BOOTSTRAP_MIN_N
 
     p = subparsers.add_parser(
         "report", help="tables, figures and an executed notebook from MLflow runs (a sweep, an experiment, a filter)",

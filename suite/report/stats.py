@@ -16,8 +16,10 @@ import math
 
 import numpy as np
 
+# in the package root: `suite report -h` names it without numpy
+from suite.report import BOOTSTRAP_MIN_N  # noqa: F401
+
 LEVEL = 0.95  # confidence level of every interval in the report
-BOOTSTRAP_MIN_N = 20  # seeds from which the percentile bootstrap replaces the t-interval
 N_RESAMPLES = 10_000  # bootstrap resamples (>= 2,000 for stable 2.5% / 97.5% percentiles)
 CI_SEED = 0  # bootstrap seed: the same runs always give the same interval
 T_METHOD = "t"  # `ci_method` values of the tables

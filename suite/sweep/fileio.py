@@ -9,8 +9,6 @@ import re
 from dataclasses import fields
 from typing import Any
 
-from omegaconf import OmegaConf
-
 # Names that become directory names, SLURM job names or sbatch option values: no shell or path syntax.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(@[A-Za-z0-9_.]+)?$")
@@ -136,6 +134,8 @@ def typed(where: str, schema: type, data: Any):
     for k in data:
         if k not in allowed:
             raise SweepError(f"{where}: unknown key {k!r}; allowed: {', '.join(allowed)}")
+    from omegaconf import OmegaConf
+
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), data)
     except Exception as exc:  # noqa: BLE001 - OmegaConf's validation error carries the key

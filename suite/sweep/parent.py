@@ -11,6 +11,8 @@ from suite.sweep.spec import Sweep
 from suite.sweep.state_files import read_parent
 from suite.sweep.states import PARENT_FILE
 
+END_STATUSES = ("FINISHED", "FAILED", "KILLED")  # the parent run's ends that set_parent_status records
+
 # --------------------------------------------------------------------------- MLflow parent
 
 
@@ -78,19 +80,42 @@ def set_parent_status(sweep: Sweep, status: str) -> None:
         return
     client = MlflowClient(tracking_uri=resolve_tracking_uri(sweep.tracking_uri))
     if status == "RUNNING":
+        _record_status(sweep, rid, None)  # before MLflow: a record never says ended while MLflow says RUNNING
         client.update_run(rid, status="RUNNING")
         return
     info = client.get_run(rid).info
-    if info.status == status and info.end_time:
+    if not (info.status == status and info.end_time):
+        client.set_terminated(rid, status=status)
+    _record_status(sweep, rid, status)
+
+
+def _record_status(sweep: Sweep, rid: str, status: Optional[str]) -> None:
+    """Write the end status the driver gave the parent run into parent_run.json (None: it runs
+    again), so that `suite status` of an ended sweep knows it without MLflow (seconds to import
+    and open a store)."""
+    from suite.tracking.loggers import atomic_write_text
+
+    path = Path(sweep.state_dir) / PARENT_FILE
+    info = read_parent(path)
+    if info is None or info.get("run_id") != rid:
         return
-    client.set_terminated(rid, status=status)
+    info.pop("status", None)
+    if status is not None:
+        info["status"] = status
+    atomic_write_text(path, json.dumps(info, indent=2))
 
 
 def parent_status(sweep: Sweep) -> Optional[str]:
-    """The parent run's MLflow status (None without a parent); reads only."""
-    from mlflow.tracking import MlflowClient
-
+    """The parent run's MLflow status (None without a parent); reads only. An end status the
+    driver recorded for this store's parent is taken from parent_run.json; anything else (no
+    record of it, RUNNING) is asked of MLflow."""
     from suite.tracking.loggers import resolve_tracking_uri
+
+    info = read_parent(Path(sweep.state_dir) / PARENT_FILE)
+    if info is not None and info.get("status") in END_STATUSES \
+            and info.get("tracking_uri") == resolve_tracking_uri(sweep.tracking_uri):
+        return info["status"]
+    from mlflow.tracking import MlflowClient
 
     rid = parent_run(sweep, create=False)
     if rid is None:

@@ -17,9 +17,7 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional
-
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from suite.sweep.fileio import (  # noqa: F401 - read_yaml and format_value are the sweep files' API too
     NAME_RE,
@@ -34,6 +32,9 @@ from suite.sweep.fileio import (  # noqa: F401 - read_yaml and format_value are 
     typed,
 )
 from suite.sweep.profiles import DEFAULT_PROFILE, SlurmProfile, load_profile  # noqa: F401 - load_profile: the launchers'
+
+if TYPE_CHECKING:  # omegaconf is imported where a config is composed: `suite status` may need none
+    from omegaconf import DictConfig
 
 LAUNCHERS = ("local", "slurm")
 TOP_KEYS = ("name", "description", "base", "matrix", "include", "exclude", "resources", "launcher")
@@ -124,7 +125,12 @@ class Sweep:
         return rows
 
     def matrix_json(self) -> str:
+        from suite.sweep import fingerprint  # what `suite status` checks to use this record uncomposed
+
         return json.dumps({"name": self.name, "file": self.path, "cli_overrides": self.cli_overrides,
+                           "state_dir": self.state_dir, "tracking_uri": self.tracking_uri,
+                           "experiment": self.experiment,
+                           "composition": fingerprint.record(self.text, self.cli_overrides),
                            "launcher": asdict(self.launcher), "resources": asdict(self.resources),
                            "cells": [{"index": c.index, "axes": c.axes, "config_axes": c.config_axes,
                                       "run_id": c.run_id, "run_dir": c.run_dir, "overrides": c.overrides,
@@ -274,14 +280,9 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
 
     With `recorded` (`suite status`, which only reads), a sweep whose file and overrides are those
     its last launch recorded in the state dir gets that launch's cells (`suite.sweep.recorded`):
-    one cell composed instead of all of them.
+    none composed when the record's fingerprint of what composing depends on is this process's,
+    else one (its run id checks the record), instead of all of them.
     """
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from suite.config import ConfigError, hardware_pins, run_id
-    from suite.sweep.compose import CellComposer
-
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
         raise SweepError(f"{path}: no such sweep file")
@@ -344,6 +345,25 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     cli_keys = {override_key(line) for line in cli_cfg}
     common = [b for b in base if override_key(b) not in cli_keys] + cli_cfg
 
+    def shell(state_dir: str, tracking_uri: str, experiment: str) -> Sweep:
+        return Sweep(name=name, path=path, text=text, description=description, launcher=launcher,
+                     resources=resources, profile=profile, profile_path=profile_path, axis_keys=keys,
+                     cli_overrides=list(overrides), cells=[], state_dir=state_dir, tracking_uri=tracking_uri,
+                     experiment=experiment)
+
+    if recorded:  # the launch's record, when its fingerprint says composing here would give its cells
+        from suite.sweep.recorded import uncomposed_sweep
+
+        found = uncomposed_sweep(name, text, list(overrides), len(raw_cells), _cell_overrides(common, raw_cells[0]),
+                                 shell)
+        if found is not None:
+            return found
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from suite.config import ConfigError, hardware_pins, run_id
+    from suite.sweep.compose import CellComposer
+
     composer = CellComposer()
     cells: list[Cell] = []
     seen: dict[str, int] = {}
@@ -353,16 +373,12 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
 
             first = cells[0].cfg
             state_dir = os.path.join(os.path.abspath(os.path.expanduser(first.out_dir)), "_sweeps", name)
-            found = recorded_sweep(state_dir, text, list(overrides), len(raw_cells), keys, first, Sweep(
-                name=name, path=path, text=text, description=description, launcher=launcher, resources=resources,
-                profile=profile, profile_path=profile_path, axis_keys=keys, cli_overrides=list(overrides),
-                cells=[], state_dir=state_dir, tracking_uri=first.tracking.tracking_uri,
-                experiment=first.tracking.experiment))
+            found = recorded_sweep(state_dir, text, list(overrides), len(raw_cells), keys, first,
+                                   shell(state_dir, first.tracking.tracking_uri, first.tracking.experiment))
             if found is not None:
                 return found
+        ov = _cell_overrides(common, values)
         axis_lines = [f"{k}={v}" for k, v in values.items()]
-        own = {override_key(k) for k in values}
-        ov = [line for line in common if override_key(line) not in own] + axis_lines  # include beats base
         shown = " ".join(axis_lines) or "(base only)"
         try:
             cfg = composer.compose(ov)
@@ -402,6 +418,12 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
                  resources=resources, profile=profile, profile_path=profile_path, axis_keys=keys,
                  cli_overrides=list(overrides), cells=cells, state_dir=state_dir,
                  tracking_uri=first.tracking.tracking_uri, experiment=first.tracking.experiment)
+
+
+def _cell_overrides(common: list[str], values: dict[str, str]) -> list[str]:
+    """A cell's overrides: the common ones (base, then command line) its axes do not set, then its axes."""
+    own = {override_key(k) for k in values}
+    return [line for line in common if override_key(line) not in own] + [f"{k}={v}" for k, v in values.items()]
 
 
 def _unquote(v: str) -> str:

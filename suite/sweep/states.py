@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -86,20 +87,25 @@ class CellState:
 
 
 def _last_step(run_dir: str) -> int:
-    from suite.tracking.checkpoint import list_checkpoints
+    from suite.tracking.rundir import list_checkpoints
 
     ck = list_checkpoints(run_dir)
     return ck[-1][0] if ck else -1
 
 
 def _result(folder: Path, job_id: str) -> tuple[str, object] | None:
-    from submitit.core.utils import JobPaths, pickle_load
+    """The job's (outcome, value) result pickle when it has written one: submitit's public
+    `Job.paths` names the file; it is a plain pickle (cloudpickle writes pickle's format)."""
+    import pickle
 
-    p = JobPaths(folder, job_id=job_id, task_id=0).result_pickle
+    import submitit
+
+    p = submitit.Job(folder=folder, job_id=job_id).paths.result_pickle
     if not p.exists():
         return None
     try:
-        return pickle_load(p)
+        with open(p, "rb") as fh:
+            return pickle.load(fh)
     except Exception:  # noqa: BLE001 - being written
         return None
 
@@ -121,8 +127,6 @@ def _sacct(job_ids: list[str]) -> dict[str, str]:
     """job id (`123_4`) -> first word of its SLURM state, from one sacct call."""
     if not job_ids:
         return {}
-    from submitit.slurm.slurm import SlurmInfoWatcher
-
     mains = sorted({j.split("_")[0] for j in job_ids})
     cmd = ["sacct", "-o", "JobID,State", "--parsable2"]
     for m in mains:
@@ -132,15 +136,50 @@ def _sacct(job_ids: list[str]) -> dict[str, str]:
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"suite: sacct failed ({exc}); SLURM states unknown", file=sys.stderr)
         return {}
-    info = SlurmInfoWatcher().read_info(out)
-    return {j: (info[j].get("State") or "UNKNOWN").split()[0] for j in job_ids if j in info}
+    info = parse_sacct(out)
+    return {j: info[j] for j in job_ids if j in info}
+
+
+_ARRAY = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]$")  # a pending array's tasks: 123_[0-3,7%2]
+
+
+def parse_sacct(text: str) -> dict[str, str]:
+    """`sacct -o JobID,State --parsable2` -> job id (`123`, `123_4`) -> first word of its state
+    (`CANCELLED by 0` -> CANCELLED). Steps (`123_4.batch`) are skipped; a pending array's line
+    (`123_[0-3,7%2]`) gives each of its tasks. Parsed here rather than by submitit's
+    SlurmInfoWatcher (not public); its public `Job.state` caches ended states for the process,
+    which a driver polling for requeued tasks cannot use."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return {}
+    header = lines[0].split("|")
+    if "JobID" not in header or "State" not in header:
+        return {}
+    i_id, i_state = header.index("JobID"), header.index("State")
+    out: dict[str, str] = {}
+    for line in lines[1:]:
+        fields = line.split("|")
+        if len(fields) <= max(i_id, i_state):
+            continue
+        jid, state = fields[i_id].strip(), (fields[i_state].split() or ["UNKNOWN"])[0]
+        if not jid or "." in jid:
+            continue
+        m = _ARRAY.match(jid)
+        if m is None:
+            out[jid] = state
+            continue
+        for part in m.group(2).split(","):
+            lo, _, hi = part.partition("-")
+            if lo.isdigit() and (not hi or hi.isdigit()):
+                for k in range(int(lo), int(hi or lo) + 1):
+                    out[f"{m.group(1)}_{k}"] = state
+    return out
 
 
 def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
     """The state of every cell (see module docstring). `live_jobs` maps cell index -> the
     submitit job object of a local job started by this process (to reap it)."""
-    from suite.cell import error_line
-    from suite.tracking.rundir import ERROR_FILE
+    from suite.tracking.rundir import ERROR_FILE, error_line
 
     recs = latest_records(sweep)
     folder = Path(sweep.state_dir) / SUBMITIT_DIR

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,30 +22,12 @@ import numpy as np
 import torch
 
 from suite.tracking.atomic import atomic_write
+# the names of checkpoint files live with the run dir's other names: `suite status` lists them without torch
+from suite.tracking.rundir import CHECKPOINT_DIR, checkpoint_path, list_checkpoints  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoints"
 FORMAT = 1
-_NAME = re.compile(r"^step_(\d+)\.pt$")
-
-
-def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:
-    """`run_dir/checkpoints/step_{step:08d}.pt`."""
-    return Path(run_dir) / CHECKPOINT_DIR / f"step_{step:08d}.pt"
-
-
-def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(step, path) of every complete-looking checkpoint, oldest first."""
-    d = Path(run_dir) / CHECKPOINT_DIR
-    if not d.is_dir():
-        return []
-    found = []
-    for p in d.iterdir():
-        m = _NAME.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return sorted(found)
 
 
 def save_checkpoint(

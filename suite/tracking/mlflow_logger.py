@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import re
 import time
 from collections.abc import Mapping
@@ -67,6 +68,23 @@ def mlflow_metric_key(key: str) -> str:
     key = re.sub(r"/+", "/", key.replace("@", "_at_"))
     return _MLFLOW_BAD_CHARS.sub("_", key)
 
+
+
+def metric_name_problem(name: str) -> str | None:
+    """Why MLflow would refuse `name` as a metric name, or None: the rules of its documentation
+    (alphanumerics, ``_ - . /``, spaces and, except on Windows, ``:``; a name that stays itself as
+    a relative POSIX path; at most MAX_KEY_LENGTH characters). Checked here, not by MLflow's own
+    private validator, so that one bad key is dropped rather than the batch refused."""
+    allowed = r"[/\w.\- ]*" if os.name == "nt" else r"[/\w.\- :]*"
+    if not isinstance(name, str) or not re.fullmatch(allowed, name):
+        return "names may only contain alphanumerics, underscores, dashes, periods, spaces, slashes" + \
+            ("" if os.name == "nt" else " and colons")
+    norm = posixpath.normpath(name)
+    if norm != name or norm == "." or norm.startswith(("..", "/")):
+        return f"a name must stay itself as a relative path; this one resolves to {norm!r}"
+    if len(name) > MAX_KEY_LENGTH:
+        return f"longer than {MAX_KEY_LENGTH} characters ({len(name)})"
+    return None
 
 
 def _timestamp_ms(unix_s: float) -> int:
@@ -230,8 +248,6 @@ class MlflowLogger:
     def log_metrics(
         self, metrics: Mapping[str, float], step: int, *, timestamp: float | None = None
     ) -> None:
-        from mlflow.utils.validation import _validate_metric_name
-
         ts = _timestamp_ms(time.time() if timestamp is None else timestamp)
         step = int(step)
         for key, value in metrics.items():
@@ -240,11 +256,10 @@ class MlflowLogger:
             if key not in self._good_keys:
                 if key in self._bad_keys:
                     continue
-                try:
-                    _validate_metric_name(key)
-                except Exception as e:  # noqa: BLE001
+                problem = metric_name_problem(key)
+                if problem is not None:
                     self._bad_keys.add(key)
-                    log.error("metric %r is not a valid MLflow name and is not sent: %s", key, e)
+                    log.error("metric %r is not a valid MLflow name and is not sent: %s", key, problem)
                     continue
                 self._good_keys.add(key)
             self._buffer.append((step, key, v, ts))

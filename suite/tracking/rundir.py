@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,33 @@ def read_json(path: str | os.PathLike) -> Any:
             return json.load(f)
     except FileNotFoundError:
         return None
+
+
+_CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
+
+
+def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:
+    """`run_dir/checkpoints/step_{step:08d}.pt` (written by suite.tracking.checkpoint)."""
+    return Path(run_dir) / CHECKPOINT_DIR / f"step_{step:08d}.pt"
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, path) of every complete-looking checkpoint, oldest first."""
+    d = Path(run_dir) / CHECKPOINT_DIR
+    if not d.is_dir():
+        return []
+    found = []
+    for p in d.iterdir():
+        m = _CHECKPOINT_NAME.match(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def error_line(tb: str) -> str:
+    """The first line of an error, from a traceback: its last 'ExcType: message' line."""
+    lines = [ln for ln in tb.strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if not ln.startswith((" ", "\t")) and not ln.startswith("Traceback") and not ln.startswith("During handling"):
+            return ln.strip()[:500]
+    return (lines[-1].strip() if lines else "unknown error")[:500]

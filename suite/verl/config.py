@@ -1,7 +1,7 @@
 """The verl backend's config section (``backend=verl``) and what it cannot run (docs/verl.md).
 
-Registered with suite.config ``register_backend`` on import (the package root imports this
-module), so that suite.config depends on no backend; nothing here imports verl.
+Registered with suite.config ``register_backend`` on import (suite.config imports this
+module last, by name), so that suite.config depends on no backend; nothing here imports verl.
 """
 
 from __future__ import annotations

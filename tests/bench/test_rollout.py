@@ -24,6 +24,7 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "# suite bench rollout" in proc.stderr and "avx2" in proc.stderr  # the machine header
+    assert "USDT:" not in proc.stderr and "profiler_st" not in proc.stderr  # kineto's lines are silenced
     rows = json.loads(proc.stdout)  # stdout is the JSON rows and nothing else
     from suite.hardware import cpu_features
 

@@ -1,0 +1,53 @@
+"""Hydra overrides as the suite takes them: parsed one at a time (an error names the override),
+`hydra.*` refused, booleans typed. Light (no torch): `suite run` checks its overrides before composing."""
+
+from __future__ import annotations
+
+from suite.hydra_compat import hydra_refusal
+
+
+class ConfigError(ValueError):
+    """A configuration value or combination that cannot run; the message names the key."""
+
+
+def check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {message}")
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list:
+    """Hydra's parse of each override, one at a time so that an error names the override."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for line in overrides:
+        try:
+            o = parser.parse_overrides([line])[0]
+        except OverrideParseException as exc:
+            reason = str(exc).splitlines()
+            raise ConfigError(
+                f"override {line!r} does not parse ({reason[-2] if len(reason) > 1 else reason[0]}); values with "
+                "shell or grammar characters need quotes, e.g. 'key=\"a value\"'") from None
+        check(bool(o.key_or_group), f"override {line!r}", "has no key before '='")
+        check(not o.is_hydra_override(), f"override {line!r}", hydra_refusal(o.key_or_group))
+        parsed.append(o)
+    return parsed
+
+
+def check_override_types(cfg: DictConfig, parsed: list) -> None:
+    """A boolean key takes true or false only: OmegaConf would read 2, yes or on as true."""
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.nodes import BooleanNode
+
+    for o in parsed:
+        if o.is_delete() or o.is_sweep_override() or o.is_hydra_override():
+            continue
+        node = OmegaConf.select(cfg, o.key_or_group, throw_on_missing=False)
+        parent_key, _, leaf = o.key_or_group.rpartition(".")
+        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+        child = parent._get_node(leaf) if isinstance(parent, DictConfig) and leaf in parent else None
+        if isinstance(child, BooleanNode) and node is not None:
+            value = o.value()
+            check(isinstance(value, bool), o.key_or_group, f"must be true or false, got {value!r}")
