@@ -44,6 +44,7 @@ from torch import nn
 from suite.core.quant import QUANTIZERS, QuantScheme
 from suite.embedded.decode import Decoder, DecodeState
 from suite.embedded.model import KVCache, Transformer
+from suite.embedded.prefill import Prefill
 from suite.embedded.qlinear import (
     ENGINE_LINEARS,
     QUANTIZED_LINEARS,
@@ -151,6 +152,7 @@ class RolloutEngine:
         self.model = m
         self._cache: KVCache | None = None
         self.decoder = Decoder(m, self.dtype)  # the one-token path of generate (suite.embedded.decode)
+        self.prefill = Prefill(self.decoder)  # generate's prompt path (suite.embedded.prefill)
         self.sync(model)
 
     # ---------------------------------------------------------------- weight sync
@@ -228,15 +230,12 @@ class RolloutEngine:
         # decode step (3-5 % of a tiny-model rollout). Only the KV cache, the logits and the
         # sampled tokens live inside it; the Rollout's tensors are made outside, updated in place.
         with torch.inference_mode():
-            model, cache = self.model, self._get_cache(B, S)
+            cache = self._get_cache(B, S)
             if len(rep) == B:
-                h = model.hidden(tokens[:, :P], attention_mask=mask[:, :P], kv_cache=cache)  # [B, P, D]
-                logits = model.lm_head(h[:, -1]).float()  # [B, V]
+                logits = self.prefill(tokens[:, :P], mask[:, :P], cache)  # [B, V]
             else:  # prefill the distinct prompts, then fan their KV cache out to the copies
                 src_t, rep_t = torch.tensor(src, device=dev), torch.tensor(rep, device=dev)  # [B], [U]
-                h = model.hidden(tokens[rep_t, :P], attention_mask=mask[rep_t, :P],
-                                 kv_cache=cache.rows(len(rep)))  # [U, P, D]
-                logits = model.lm_head(h[:, -1]).float()[src_t]  # [B, V]
+                logits = self.prefill(tokens[rep_t, :P], mask[rep_t, :P], cache.rows(len(rep)))[src_t]  # [B, V]
                 cache.gather_rows(src_t, P)
 
             state = DecodeState(cache)  # per-call buffers and views of the cache
