@@ -29,6 +29,7 @@ class Decoder:
         self.model, self.dtype = model, dtype
         self.layers = [DecodeLayer(block, dtype) for block in model.layers]
         self.norm, self.lm_head = Norm(model.norm, dtype), linear_fn(model.lm_head)
+        self.cos, self.sin = rope_rows(model, dtype)
 
     def __call__(self, tok: torch.Tensor, valid: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """One decode step: float32 logits [B, V] of ``tok [B]`` appended at slot ``cache.length``
@@ -41,13 +42,7 @@ class Decoder:
         cache.key_valid[:, s0] = valid
         cache.n_valid.add_(v)
         x = m.tok_emb.weight.index_select(0, tok)  # [B, D], = the embedding lookup
-        cos, sin = m.rope_cos.index_select(0, pos), m.rope_sin.index_select(0, pos)  # [B, hd/2] float32
-        if not f32:
-            cos, sin = cos.to(self.dtype), sin.to(self.dtype)
-        # Full-width tables for x * cos + rotate_half(x) * sin: x1 cos - x2 sin is x1 cos + x2 (-sin)
-        # bit for bit (negation is exact), so apply_rope's values are reproduced.
-        cos = torch.cat([cos, cos], -1).unsqueeze_(1)  # [B, 1, hd]
-        sin = torch.cat([sin.neg(), sin], -1).unsqueeze_(1)  # [B, 1, hd]
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [B, D]
         bias = state.bias[..., : s0 + 1]  # [B * H, 1, S] view
         for layer, (k, v) in zip(self.layers, state.kv):
             x = layer(x, k, v, s0, cos, sin, bias, state)
@@ -57,11 +52,31 @@ class Decoder:
         return self.lm_head(self.norm(x)).float()  # [B, V]
 
 
+def rope_rows(model: Transformer, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-width rotary tables cos, sin [max_seq_len, D] in ``dtype`` for ``x * cos + swap(x) * sin``
+    on [M, D] rows of all heads, ``swap`` exchanging each head's halves: x1 cos - x2 sin is
+    x1 cos + x2 (-sin) bit for bit (negation and the cast commute exactly), so apply_rope's values
+    are reproduced by two plain multiplies and an add, with one table lookup per call."""
+    c, s = model.rope_cos.to(dtype), model.rope_sin.to(dtype)  # [S, hd/2]
+    H = model.cfg.n_heads
+    return torch.cat([c, c], -1).repeat(1, H), torch.cat([s.neg(), s], -1).repeat(1, H)  # [S, D] each
+
+
+def rotate(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, swap: torch.Tensor) -> torch.Tensor:
+    """apply_rope on rows: qk [2, M, D] (q and k), cos, sin [M, D] (rope_rows) -> [2, M, D]."""
+    two, M, D = qk.shape
+    hd = D // n_heads
+    rot = qk.view(two, M, n_heads, 2, hd // 2).index_select(3, swap).view(two, M, D)  # halves exchanged
+    return (qk * cos).add_(rot.mul_(sin))  # [2, M, D]
+
+
 class DecodeState:
     """Per-``generate`` buffers of the decode loop, allocated once per call: the keys' additive
     mask (0 = seen, -inf = padding), kept up to date slot by slot rather than rebuilt per
     step and layer; the q / k projections' outputs (see DecodeLayer); per-layer views of
-    the KV cache as [B * H, max_len, hd] batches."""
+    the KV cache as [B * H, max_len, hd] batches; for native 16-bit attention (DecodeLayer) the
+    probabilities' buffer over all max_len slots, zero beyond the slots seen, and the cache's
+    unfilled V slots zeroed (0 * V must be 0, not NaN from uninitialised memory)."""
 
     def __init__(self, cache: KVCache):
         L, B, H, S, hd = cache.k.shape
@@ -73,13 +88,15 @@ class DecodeState:
         self.qk = torch.empty(2, B, H * hd, dtype=cache.k.dtype, device=cache.k.device)  # [2, B, D]
         self.q, self.k = self.qk[0], self.qk[1]  # [B, D] views
         self.kv = [(cache.k[i].view(B * H, S, hd), cache.v[i].view(B * H, S, hd)) for i in range(L)]
+        self.p = torch.zeros(B * H, 1, S, dtype=cache.k.dtype, device=cache.k.device)  # [B * H, 1, S]
+        cache.v[:, :, :, filled:].zero_()
 
 
 class Norm:
-    """``RMSNorm`` as a function of rows x [M, D]. In float32 without its two no-op casts, with
-    ``mean`` written out as the ``sum`` and ``div_`` it runs (aten's CPU ``mean``), ``pow(2)``
-    as the ``x * x`` it computes, and the scalars as ready 0-dim tensors: 6 aten calls instead
-    of ~25, the same bits (tests/embedded/test_decode.py checks the bits)."""
+    """``RMSNorm`` as a function of rows x [M, D], with ``mean`` written out as the ``sum`` and
+    ``div_`` it runs (aten's CPU ``mean``), ``pow(2)`` as the ``x * x`` it computes, the scalars
+    as ready 0-dim tensors, and in float32 without its two no-op casts: 6 aten calls instead of
+    ~25 (8 in 16 bit, whose two casts are real), the same bits (tests/embedded/test_decode.py)."""
 
     def __init__(self, norm: RMSNorm, dtype: torch.dtype):
         self.norm, self.f32 = norm, dtype == torch.float32
@@ -88,10 +105,11 @@ class Norm:
         self.eps = torch.tensor(norm.eps, device=w.device)  # float32, as the scalar the kernel uses
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.f32:
-            return self.norm(x)
-        r = (x * x).sum(-1, keepdim=True).div_(self.n).add_(self.eps).rsqrt_()  # [M, 1]
-        return (x * r).mul_(self.norm.weight)
+        xf = x if self.f32 else x.float()
+        r = (xf * xf).sum(-1, keepdim=True).div_(self.n).add_(self.eps).rsqrt_()  # [M, 1]
+        if self.f32:
+            return (x * r).mul_(self.norm.weight)
+        return xf.mul_(r).to(x.dtype).mul_(self.norm.weight)  # xf is a fresh float32 copy
 
 
 def linear_fn(mod: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -127,13 +145,15 @@ class DecodeLayer:
         self.qk_t = (a.wq.weight.t(), a.wk.weight.t()) if plain else None  # [D, D] views
         self.matmul = a.matmul  # torch.matmul, or the engine's bf16 emulation
         self.fast_att = dtype == torch.float32 and self.matmul is torch.matmul
+        self.full_att = dtype != torch.float32 and self.matmul is torch.matmul
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.scale_exact = math.frexp(self.scale)[0] == 0.5  # a power of two
+        self.swap = torch.tensor([1, 0], device=block.attn_norm.weight.device)  # rotate's index
 
     def __call__(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s0: int,
                  cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """x [B, D] (updated in place and returned); k_cache, v_cache [B * H, max_len, hd] views
-        of this layer's cache; the new token goes to slot s0; cos, sin [B, 1, hd]; bias
+        of this layer's cache; the new token goes to slot s0; cos, sin [B, D] (rope_rows); bias
         [B * H, 1, s0 + 1]; ``state.qk`` the q / k buffer."""
         B, D = x.shape
         H, hd, S = self.n_heads, self.head_dim, s0 + 1
@@ -145,9 +165,7 @@ class DecodeLayer:
         else:
             qk = torch.stack([self.wq(h), self.wk(h)])  # [2, B, D]
         v = self.wv(h)  # [B, D]
-        qk = qk.view(2, B, H, hd)
-        rot = qk.view(2, B, H, 2, hd // 2).flip(3).view(2, B, H, hd)  # rotate_half without the sign
-        qk = qk * cos + rot * sin  # [2, B, H, hd]
+        qk = rotate(qk, cos, sin, H, self.swap)  # [2, B, D]
         k_cache.select(1, s0).copy_(qk[1].view(B * H, hd))
         v_cache.select(1, s0).copy_(v.view(B * H, hd))
         q = qk[0].view(B * H, 1, hd)
@@ -159,6 +177,16 @@ class DecodeLayer:
             else:
                 att = torch.baddbmm(bias, q, kt).mul_(self.scale)
             y = torch.bmm(torch.softmax(att, -1), vv)  # [B * H, 1, hd]
+        elif self.full_att:
+            # Native 16-bit bmm (oneDNN) copies any operand whose batches are not dense, as
+            # the [:, :S] views of the cache are: it reads the whole cache instead. The scores
+            # of slots >= S are dropped before the softmax, and the probabilities' buffer is
+            # zero there (V too: DecodeState), so those slots add exact zeros to each output.
+            # The bits of the sliced call (tests/embedded/test_decode.py).
+            att = torch.bmm(q, k_cache.transpose(1, 2))[..., :S] * self.scale + bias  # [B * H, 1, S]
+            p = state.p
+            p[..., :S] = torch.softmax(att, -1, dtype=torch.float32)  # cast to the cache's dtype
+            y = torch.bmm(p, v_cache)  # [B * H, 1, hd]
         else:
             att = self.matmul(q, kt) * self.scale + bias  # [B * H, 1, S]
             att = torch.softmax(att, -1, dtype=torch.float32).to(vv.dtype)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from suite.embedded.decode import Decoder, DecodeLayer
+from suite.embedded.decode import Decoder, DecodeLayer, rotate
 from suite.embedded.model import KVCache, attention_blocked
 
 
@@ -50,11 +50,7 @@ class Prefill:
         bias = torch.zeros(B, H, T, s1, dtype=dtype, device=tokens.device)  # [B, H, T, s1]
         bias = bias.masked_fill_(blocked, float("-inf")).view(B * H, T, s1)  # [B * H, T, s1]
         pos = pos.view(-1)  # [B * T]
-        cos, sin = m.rope_cos.index_select(0, pos), m.rope_sin.index_select(0, pos)  # [B * T, hd/2] float32
-        if dtype != torch.float32:
-            cos, sin = cos.to(dtype), sin.to(dtype)
-        cos = torch.cat([cos, cos], -1).unsqueeze_(1)  # [B * T, 1, hd]
-        sin = torch.cat([sin.neg(), sin], -1).unsqueeze_(1)  # [B * T, 1, hd]
+        cos, sin = d.cos.index_select(0, pos), d.sin.index_select(0, pos)  # [B * T, D]
         x = m.tok_emb.weight.index_select(0, tokens.reshape(-1))  # [B * T, D], = the embedding lookup
         hd = m.cfg.d_model // H
         qk = torch.empty(2, B * T, H * hd, dtype=dtype, device=tokens.device)  # [2, B * T, D]
@@ -82,9 +78,7 @@ def _layer(layer: DecodeLayer, x: torch.Tensor, B: int, T: int, s0: int, k_cache
     else:
         q_k = torch.stack([layer.wq(h), layer.wk(h)])  # [2, N, D]
     v = layer.wv(h)  # [N, D]
-    q_k = q_k.view(2, N, H, hd)
-    rot = q_k.view(2, N, H, 2, hd // 2).flip(3).view(2, N, H, hd)  # rotate_half without the sign
-    q_k = q_k * cos + rot * sin  # [2, N, H, hd]
+    q_k = rotate(q_k, cos, sin, H, layer.swap).view(2, N, H, hd)  # [2, N, H, hd]
     k_new = q_k[1].view(B, T, H, hd).transpose(1, 2)  # [B, H, T, hd] view
     k_cache.view(B, H, -1, hd)[:, :, s0:s1] = k_new
     v_cache.view(B, H, -1, hd)[:, :, s0:s1] = v.view(B, T, H, hd).transpose(1, 2)  # [B, H, T, hd]
