@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from suite.embedded.model import Block, KVCache, RMSNorm, Transformer
+from suite.embedded.qlinear import Bf16EmulatedLinear
 
 
 class Decoder:
@@ -114,12 +115,14 @@ class Norm:
 
 def fuse_linears(*mods: nn.Module) -> torch.Tensor | None:
     """One [K, sum N] transposed weight for linears that read the same input, when all are
-    plain bias-free ``nn.Linear``: their weights become row blocks of one tensor (``.data``
-    re-pointed at views of it, so the engine's sync, which copies into the same parameters,
-    keeps it current). One ``mm`` instead of several: each output column is the same dot
-    product in the same kernel (checked bit for bit, tests/embedded/test_decode.py). None if
-    any linear is another module (a quantized linear)."""
-    if not all(type(m) is nn.Linear and m.bias is None for m in mods):
+    plain bias-free ``nn.Linear`` or all ``Bf16EmulatedLinear``: their weights become row blocks
+    of one tensor (``.data`` re-pointed at views of it, so the engine's sync, which copies into
+    the same tensors, keeps it current). One ``mm`` (and, emulated, one cast of the input and
+    one of the output) instead of several: each output column is the same dot product in the
+    same kernel (checked bit for bit, tests/embedded/test_decode.py). None for other modules
+    (quantized linears)."""
+    plain = all(type(m) is nn.Linear and m.bias is None for m in mods)
+    if not (plain or all(type(m) is Bf16EmulatedLinear for m in mods)):
         return None
     w = torch.cat([m.weight.data for m in mods])  # [sum N, K]
     o = 0
@@ -162,6 +165,7 @@ class DecodeLayer:
                                                linear_fn(block.mlp.w_down))
         self.qkv_t = fuse_linears(a.wq, a.wk, a.wv)  # [D, 3D] or None
         self.gate_up_t = fuse_linears(block.mlp.w_gate, block.mlp.w_up)  # [D, 2 d_ff] or None
+        self.emulated = type(a.wq) is Bf16EmulatedLinear  # fused GEMMs over bf16 values in float32
         self.matmul = a.matmul  # torch.matmul, or the engine's bf16 emulation
         self.fast_att = dtype == torch.float32 and self.matmul is torch.matmul
         self.full_att = dtype != torch.float32 and self.matmul is torch.matmul
@@ -211,15 +215,21 @@ class DecodeLayer:
         """h [M, D] -> (q and k [2, M, D] (a strided view when fused), v [M, D])."""
         M, D = h.shape
         if self.qkv_t is not None:
-            qkv = torch.mm(h, self.qkv_t).view(M, 3, D)  # [M, 3, D]
+            qkv = self._mm(h, self.qkv_t).view(M, 3, D)  # [M, 3, D]
             return qkv[:, :2].transpose(0, 1), qkv[:, 2]
         return torch.stack([self.wq(h), self.wk(h)]), self.wv(h)  # [2, M, D], [M, D]
+
+    def _mm(self, h: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
+        """A fused weight's GEMM: Bf16EmulatedLinear.forward's arithmetic when emulated."""
+        if self.emulated:
+            return torch.mm(h.float(), w_t).to(torch.bfloat16)
+        return torch.mm(h, w_t)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """x + w_down(silu(w_gate h) * w_up h) with h = mlp_norm(x), x [M, D] updated in place."""
         h = self.mlp_norm(x)
         if self.gate_up_t is not None:
-            gu = torch.mm(h, self.gate_up_t)  # [M, 2 d_ff]
+            gu = self._mm(h, self.gate_up_t)  # [M, 2 d_ff]
             f = gu.shape[1] // 2
             g = F.silu(gu[:, :f]).mul_(gu[:, f:])  # [M, d_ff], contiguous
         else:

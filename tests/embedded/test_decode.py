@@ -18,8 +18,9 @@ from suite.embedded.model import PRESETS, KVCache, ModelConfig, Transformer
 VOCAB = 80  # the character tokenizer's size
 
 
-@pytest.mark.parametrize("precision,d_model", [(p, 128) for p in PRECISIONS] + [("fp32", 96)])
-def test_decode_step_equals_the_general_forward(precision, d_model):
+@pytest.mark.parametrize("precision,d_model,kernels", [(p, 128, "auto") for p in PRECISIONS]
+                         + [("fp32", 96, "auto"), ("bf16", 128, "emulated"), ("w4a16", 128, "emulated")])
+def test_decode_step_equals_the_general_forward(precision, d_model, kernels):
     """The engine's one-token decode path (suite.embedded.decode.Decoder, which
     RolloutEngine.generate runs) gives the bits of ``model.hidden`` + ``lm_head`` with a KV cache, and leaves the same cache behind: with
     left-padded prompts, rows turning into padding mid-way, and (d_model 96: head_dim 48) a
@@ -31,7 +32,10 @@ def test_decode_step_equals_the_general_forward(precision, d_model):
         for name, p in m.named_parameters():
             if not name.endswith("norm.weight"):
                 p.mul_(4.0)
-    e = RolloutEngine(m, QuantScheme(precision))
+    e = RolloutEngine(m, QuantScheme(precision), kernels=kernels)
+    # 16-bit linears (native or emulated) run q/k/v and gate/up fused; quantized ones do not.
+    fused = precision in ("fp32", "bf16", "w4a16")
+    assert all((layer.qkv_t is not None) == fused == (layer.gate_up_t is not None) for layer in e.decoder.layers)
     tokens, mask = left_padded(rand_prompts([3, 7, 5, 1, 6]))
     B, P, R = tokens.shape[0], tokens.shape[1], 6
     g = torch.Generator().manual_seed(3)
