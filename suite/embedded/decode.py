@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from suite.embedded.model import Block, KVCache, RMSNorm, Transformer
-from suite.embedded.qlinear import Bf16EmulatedLinear
 
 
 class Decoder:
@@ -64,19 +63,17 @@ def rope_rows(model: Transformer, dtype: torch.dtype) -> tuple[torch.Tensor, tor
 
 
 def rotate(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, swap: torch.Tensor) -> torch.Tensor:
-    """apply_rope on rows: qk [2, M, D] (q and k, maybe a strided view), cos, sin [M, D]
-    (rope_rows) -> a contiguous [2, M, D]."""
+    """apply_rope on rows: qk [2, M, D] (q and k), cos, sin [M, D] (rope_rows) -> [2, M, D]."""
     two, M, D = qk.shape
     hd = D // n_heads
     rot = qk.view(two, M, n_heads, 2, hd // 2).index_select(3, swap).view(two, M, D)  # halves exchanged
-    out = torch.mul(qk, cos, out=torch.empty(two, M, D, dtype=qk.dtype, device=qk.device))  # contiguous
-    return out.add_(rot.mul_(sin))  # [2, M, D]
+    return (qk * cos).add_(rot.mul_(sin))  # [2, M, D]
 
 
 class DecodeState:
     """Per-``generate`` buffers of the decode loop, allocated once per call: the keys' additive
     mask (0 = seen, -inf = padding), kept up to date slot by slot rather than rebuilt per
-    step and layer; per-layer views of
+    step and layer; the q / k projections' buffer (DecodeLayer.project); per-layer views of
     the KV cache as [B * H, max_len, hd] batches; for native 16-bit attention (DecodeLayer) the
     probabilities' buffer over all max_len slots, zero beyond the slots seen, and the cache's
     unfilled V slots zeroed (0 * V must be 0, not NaN from uninitialised memory)."""
@@ -89,6 +86,7 @@ class DecodeState:
         self.bias4[:, :, 0, :filled].masked_fill_(~cache.key_valid[:, None, :filled], float("-inf"))
         self.bias = self.bias4.view(B * H, 1, S)
         self.kv = [(cache.k[i].view(B * H, S, hd), cache.v[i].view(B * H, S, hd)) for i in range(L)]
+        self.qk = torch.empty(2, B, H * hd, dtype=cache.k.dtype, device=cache.k.device)  # [2, B, D]
         self.p = torch.zeros(B * H, 1, S, dtype=cache.k.dtype, device=cache.k.device)  # [B * H, 1, S]
         cache.v[:, :, :, filled:].zero_()
 
@@ -113,26 +111,6 @@ class Norm:
         return xf.mul_(r).to(x.dtype).mul_(self.norm.weight)  # xf is a fresh float32 copy
 
 
-def fuse_linears(*mods: nn.Module) -> torch.Tensor | None:
-    """One [K, sum N] transposed weight for linears that read the same input, when all are
-    plain bias-free ``nn.Linear`` or all ``Bf16EmulatedLinear``: their weights become row blocks
-    of one tensor (``.data`` re-pointed at views of it, so the engine's sync, which copies into
-    the same tensors, keeps it current). One ``mm`` (and, emulated, one cast of the input and
-    one of the output) instead of several: each output column is the same dot product in the
-    same kernel (checked bit for bit, tests/embedded/test_decode.py). None for other modules
-    (quantized linears)."""
-    plain = all(type(m) is nn.Linear and m.bias is None for m in mods)
-    if not (plain or all(type(m) is Bf16EmulatedLinear for m in mods)):
-        return None
-    w = torch.cat([m.weight.data for m in mods])  # [sum N, K]
-    o = 0
-    for m in mods:
-        n = m.weight.shape[0]
-        m.weight.data = w[o : o + n]  # [N, K] view
-        o += n
-    return w.t()  # [K, sum N] view
-
-
 def linear_fn(mod: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """``mod`` as a function of x [M, K]: a plain bias-free ``nn.Linear`` becomes one ``mm``
     with its weight's transposed view (taken once; a sync writes into the same storage), the
@@ -146,9 +124,9 @@ def linear_fn(mod: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
 class DecodeLayer:
     """One block of the engine's copy for a one-token decode step on rows x [B, D].
 
-    The same arithmetic as ``Block.forward`` with T = 1, fewer dispatches: plain linears that
-    read the same input run as one ``mm`` (q, k, v; gate, up: fuse_linears); q and k are
-    rotated together (rotate); the key mask enters as an additive 0 / -inf bias of a
+    The same arithmetic as ``Block.forward`` with T = 1, fewer dispatches: q and k are written
+    by ``mm(..., out=)`` into one [2, B, D] buffer (plain linears; else stacked) and rotated
+    together (rotate); the key mask enters as an additive 0 / -inf bias of a
     ``baddbmm`` (x + 0 = x and x + -inf = -inf: the same scores as ``masked_fill``) that also
     applies the 1 / sqrt(head_dim) scale when it is a power of two (then exact in any order);
     residual adds and the gating product are in place. :class:`~suite.embedded.prefill.Prefill`
@@ -163,9 +141,8 @@ class DecodeLayer:
                                               linear_fn(a.wo))
         self.w_gate, self.w_up, self.w_down = (linear_fn(block.mlp.w_gate), linear_fn(block.mlp.w_up),
                                                linear_fn(block.mlp.w_down))
-        self.qkv_t = fuse_linears(a.wq, a.wk, a.wv)  # [D, 3D] or None
-        self.gate_up_t = fuse_linears(block.mlp.w_gate, block.mlp.w_up)  # [D, 2 d_ff] or None
-        self.emulated = type(a.wq) is Bf16EmulatedLinear  # fused GEMMs over bf16 values in float32
+        plain = type(a.wq) is nn.Linear and type(a.wk) is nn.Linear
+        self.qk_t = (a.wq.weight.t(), a.wk.weight.t()) if plain else None  # [D, D] views
         self.matmul = a.matmul  # torch.matmul, or the engine's bf16 emulation
         self.fast_att = dtype == torch.float32 and self.matmul is torch.matmul
         self.full_att = dtype != torch.float32 and self.matmul is torch.matmul
@@ -181,10 +158,10 @@ class DecodeLayer:
         B, D = x.shape
         H, hd, S = self.n_heads, self.head_dim, s0 + 1
         h = self.attn_norm(x)  # [B, D]
-        qk, v = self.project(h)  # [2, B, D], [B, D]
+        qk, v = self.project(h, state.qk)  # [2, B, D], [B, D]
         qk = rotate(qk, cos, sin, H, self.swap)  # [2, B, D]
         k_cache.select(1, s0).copy_(qk[1].view(B * H, hd))
-        v_cache.select(1, s0).view(B, H, hd).copy_(v.view(B, H, hd))  # v may be a strided view
+        v_cache.select(1, s0).copy_(v.view(B * H, hd))
         q = qk[0].view(B * H, 1, hd)
         kt = k_cache[:, :S].transpose(1, 2)  # [B * H, hd, S] view
         vv = v_cache[:, :S]  # [B * H, S, hd] view
@@ -211,27 +188,18 @@ class DecodeLayer:
         x = x.add_(self.wo(y.view(B, D)))
         return self.mlp(x)
 
-    def project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """h [M, D] -> (q and k [2, M, D] (a strided view when fused), v [M, D])."""
-        M, D = h.shape
-        if self.qkv_t is not None:
-            qkv = self._mm(h, self.qkv_t).view(M, 3, D)  # [M, 3, D]
-            return qkv[:, :2].transpose(0, 1), qkv[:, 2]
-        return torch.stack([self.wq(h), self.wk(h)]), self.wv(h)  # [2, M, D], [M, D]
-
-    def _mm(self, h: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
-        """A fused weight's GEMM: Bf16EmulatedLinear.forward's arithmetic when emulated."""
-        if self.emulated:
-            return torch.mm(h.float(), w_t).to(torch.bfloat16)
-        return torch.mm(h, w_t)
+    def project(self, h: torch.Tensor, qk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [M, D] -> (q and k [2, M, D], v [M, D]); plain linears write q and k into ``qk``
+        [2, M, D] with ``mm(..., out=)`` (no stack copy)."""
+        if self.qk_t is not None:
+            torch.mm(h, self.qk_t[0], out=qk[0])
+            torch.mm(h, self.qk_t[1], out=qk[1])
+        else:
+            qk = torch.stack([self.wq(h), self.wk(h)])  # [2, M, D]
+        return qk, self.wv(h)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """x + w_down(silu(w_gate h) * w_up h) with h = mlp_norm(x), x [M, D] updated in place."""
         h = self.mlp_norm(x)
-        if self.gate_up_t is not None:
-            gu = self._mm(h, self.gate_up_t)  # [M, 2 d_ff]
-            f = gu.shape[1] // 2
-            g = F.silu(gu[:, :f]).mul_(gu[:, f:])  # [M, d_ff], contiguous
-        else:
-            g = F.silu(self.w_gate(h), inplace=True).mul_(self.w_up(h))
-        return x.add_(self.w_down(g))
+        g = self.w_gate(h)
+        return x.add_(self.w_down(F.silu(g, inplace=True).mul_(self.w_up(h))))

@@ -53,23 +53,25 @@ class Prefill:
         cos, sin = d.cos.index_select(0, pos), d.sin.index_select(0, pos)  # [B * T, D]
         x = m.tok_emb.weight.index_select(0, tokens.reshape(-1))  # [B * T, D], = the embedding lookup
         hd = m.cfg.d_model // H
+        qk = torch.empty(2, B * T, H * hd, dtype=dtype, device=tokens.device)  # [2, B * T, D]
         for i, layer in enumerate(d.layers):
             k_cache = cache.k[i].view(B * H, cache.max_len, hd)  # [B * H, max_len, hd]
             v_cache = cache.v[i].view(B * H, cache.max_len, hd)
-            x = _layer(layer, x, B, T, s0, k_cache, v_cache, cos, sin, bias)
+            x = _layer(layer, x, B, T, s0, k_cache, v_cache, cos, sin, bias, qk)
         cache.length = s1
         last = x.view(B, T, -1)[:, -1]  # [B, D] view: the norm is per row, lm_head reads one row each
         return d.lm_head(d.norm(last)).float()  # [B, V]
 
 
 def _layer(layer: DecodeLayer, x: torch.Tensor, B: int, T: int, s0: int, k_cache: torch.Tensor,
-           v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+           v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
+           qk: torch.Tensor) -> torch.Tensor:
     """One block over the prompt rows x [B * T, D] (updated in place and returned): the
     arithmetic of ``Block.forward`` (see DecodeLayer, whose weights and norms it runs)."""
     N, D = x.shape
     H, hd, s1 = layer.n_heads, layer.head_dim, s0 + T
     h = layer.attn_norm(x)  # [N, D]
-    q_k, v = layer.project(h)  # [2, N, D], [N, D]
+    q_k, v = layer.project(h, qk)  # [2, N, D], [N, D]
     q_k = rotate(q_k, cos, sin, H, layer.swap).view(2, N, H, hd)  # [2, N, H, hd]
     k_new = q_k[1].view(B, T, H, hd).transpose(1, 2)  # [B, H, T, hd] view
     k_cache.view(B, H, -1, hd)[:, :, s0:s1] = k_new
