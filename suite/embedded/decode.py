@@ -3,11 +3,11 @@
 Why not ``Transformer.hidden`` for each new token: at decode batch sizes on a CPU every aten
 call costs a few microseconds of dispatch whatever its size, and the general forward spends
 ~1,040 of them per token on [B, T, ...] views, masks rebuilt per layer, rotary slices and no-op
-casts; :class:`Decoder` spends ~410. The per-step work (positions, rotary table, mask) is done
-once, the layers run on [B, D] rows with in-place ops, and every op that remains computes its
-elements exactly as the general forward does: tests/embedded/test_decode.py checks the logits
-and the KV cache left behind bit for bit against ``model.hidden`` + ``lm_head`` for every
-precision.
+casts; :class:`Decoder` spends ~420 (fp32; ~560 in bf16, whose norms and softmax really cast).
+The per-step work (positions, rotary table, mask) is done once, the layers run on [B, D] rows
+with in-place ops, and every op that remains computes its elements exactly as the general
+forward does: tests/embedded/test_decode.py checks the logits and the KV cache left behind bit
+for bit against ``model.hidden`` + ``lm_head`` for every precision.
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ class DecodeState:
         self.bias4[:, :, 0, :filled].masked_fill_(~cache.key_valid[:, None, :filled], float("-inf"))
         self.bias = self.bias4.view(B * H, 1, S)
         self.kv = [(cache.k[i].view(B * H, S, hd), cache.v[i].view(B * H, S, hd)) for i in range(L)]
-        self.qk = torch.empty(2, B, H * hd, dtype=cache.k.dtype, device=cache.k.device)  # [2, B, D]
+        qk = torch.empty(2, B, H * hd, dtype=cache.k.dtype, device=cache.k.device)  # [2, B, D]
+        self.qk = (qk, qk[0], qk[1])  # the buffer and its [B, D] halves
         self.p = torch.zeros(B * H, 1, S, dtype=cache.k.dtype, device=cache.k.device)  # [B * H, 1, S]
         cache.v[:, :, :, filled:].zero_()
 
@@ -188,15 +189,16 @@ class DecodeLayer:
         x = x.add_(self.wo(y.view(B, D)))
         return self.mlp(x)
 
-    def project(self, h: torch.Tensor, qk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """h [M, D] -> (q and k [2, M, D], v [M, D]); plain linears write q and k into ``qk``
-        [2, M, D] with ``mm(..., out=)`` (no stack copy)."""
+    def project(self, h: torch.Tensor, qk: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [M, D] -> (q and k [2, M, D], v [M, D]); plain linears write q and k with
+        ``mm(..., out=)`` into ``qk``: a [2, M, D] buffer and its two [M, D] halves (views taken
+        once per call of generate, not per layer)."""
         if self.qk_t is not None:
-            torch.mm(h, self.qk_t[0], out=qk[0])
-            torch.mm(h, self.qk_t[1], out=qk[1])
-        else:
-            qk = torch.stack([self.wq(h), self.wk(h)])  # [2, M, D]
-        return qk, self.wv(h)
+            torch.mm(h, self.qk_t[0], out=qk[1])
+            torch.mm(h, self.qk_t[1], out=qk[2])
+            return qk[0], self.wv(h)
+        return torch.stack([self.wq(h), self.wk(h)]), self.wv(h)  # [2, M, D], [M, D]
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """x + w_down(silu(w_gate h) * w_up h) with h = mlp_norm(x), x [M, D] updated in place."""

@@ -17,9 +17,10 @@ and bf16 GEMMs fall back to reference loops 5-30x slower than float32 (measured 
 would invert every speed comparison.
 
 Sampling (:meth:`RolloutEngine.generate`): left-padded prompts; each distinct prompt is
-prefilled once and its KV cache fanned out to its copies (a GRPO group); then one token per
+prefilled once (suite.embedded.prefill ``Prefill``: the general forward's bits, re-fused) and
+its KV cache fanned out to its copies (a GRPO group); then one token per
 step from a preallocated KV cache, through the engine's own one-token path
-(suite.embedded.decode ``Decoder``: ~410 aten calls per step instead of the general forward's
+(suite.embedded.decode ``Decoder``: ~420 aten calls per step instead of the general forward's
 ~1,040, the same bits); finished sequences emit ``pad_id`` (masked) and the loop
 exits once every sequence has emitted ``stop_id``. ``behav_logp`` is the log-prob of each
 sampled token under ``softmax(logits / temperature)`` of the *engine's* (quantized) model --

@@ -54,6 +54,7 @@ class Prefill:
         x = m.tok_emb.weight.index_select(0, tokens.reshape(-1))  # [B * T, D], = the embedding lookup
         hd = m.cfg.d_model // H
         qk = torch.empty(2, B * T, H * hd, dtype=dtype, device=tokens.device)  # [2, B * T, D]
+        qk = (qk, qk[0], qk[1])  # the buffer and its halves (DecodeLayer.project)
         for i, layer in enumerate(d.layers):
             k_cache = cache.k[i].view(B * H, cache.max_len, hd)  # [B * H, max_len, hd]
             v_cache = cache.v[i].view(B * H, cache.max_len, hd)
@@ -65,7 +66,7 @@ class Prefill:
 
 def _layer(layer: DecodeLayer, x: torch.Tensor, B: int, T: int, s0: int, k_cache: torch.Tensor,
            v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
-           qk: torch.Tensor) -> torch.Tensor:
+           qk: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """One block over the prompt rows x [B * T, D] (updated in place and returned): the
     arithmetic of ``Block.forward`` (see DecodeLayer, whose weights and norms it runs)."""
     N, D = x.shape
