@@ -34,7 +34,7 @@ class Decoder:
     def __call__(self, tok: torch.Tensor, valid: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """One decode step: float32 logits [B, V] of ``tok [B]`` appended at slot ``cache.length``
         (``valid [B]`` False = pad), the same numbers as ``model.hidden`` + ``lm_head``."""
-        m, cache, f32 = self.model, state.cache, self.dtype == torch.float32
+        m, cache = self.model, state.cache
         s0 = cache.length
         # positions: the cumsum rule of Transformer.hidden for one token, n_valid + valid - 1 >= 0.
         v = valid.long()  # [B]

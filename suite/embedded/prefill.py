@@ -18,9 +18,8 @@ the last prompt position and the KV cache left behind are bit for bit those of
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from suite.embedded.decode import Decoder, DecodeLayer, rotate
+from suite.embedded.decode import DecodeLayer, Decoder, rotate
 from suite.embedded.model import KVCache, attention_blocked
 
 
