@@ -3,11 +3,11 @@
 Why not ``Transformer.hidden`` for each new token: at decode batch sizes on a CPU every aten
 call costs a few microseconds of dispatch whatever its size, and the general forward spends
 ~1,040 of them per token on [B, T, ...] views, masks rebuilt per layer, rotary slices and no-op
-casts; :class:`Decoder` spends ~410. The per-step work (positions, rotary table, mask) is done
-once, the layers run on [B, D] rows with in-place ops, and every op that remains computes its
-elements exactly as the general forward does: tests/embedded/test_decode.py checks the logits
-and the KV cache left behind bit for bit against ``model.hidden`` + ``lm_head`` for every
-precision.
+casts; :class:`Decoder` spends ~420 (fp32; ~560 in bf16, whose norms and softmax really cast).
+The per-step work (positions, rotary table, mask) is done once, the layers run on [B, D] rows
+with in-place ops, and every op that remains computes its elements exactly as the general
+forward does: tests/embedded/test_decode.py checks the logits and the KV cache left behind bit
+for bit against ``model.hidden`` + ``lm_head`` for every precision.
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ class Decoder:
         self.model, self.dtype = model, dtype
         self.layers = [DecodeLayer(block, dtype) for block in model.layers]
         self.norm, self.lm_head = Norm(model.norm, dtype), linear_fn(model.lm_head)
+        self.cos, self.sin = rope_rows(model, dtype)
 
     def __call__(self, tok: torch.Tensor, valid: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """One decode step: float32 logits [B, V] of ``tok [B]`` appended at slot ``cache.length``
         (``valid [B]`` False = pad), the same numbers as ``model.hidden`` + ``lm_head``."""
-        m, cache, f32 = self.model, state.cache, self.dtype == torch.float32
+        m, cache = self.model, state.cache
         s0 = cache.length
         # positions: the cumsum rule of Transformer.hidden for one token, n_valid + valid - 1 >= 0.
         v = valid.long()  # [B]
@@ -41,13 +42,7 @@ class Decoder:
         cache.key_valid[:, s0] = valid
         cache.n_valid.add_(v)
         x = m.tok_emb.weight.index_select(0, tok)  # [B, D], = the embedding lookup
-        cos, sin = m.rope_cos.index_select(0, pos), m.rope_sin.index_select(0, pos)  # [B, hd/2] float32
-        if not f32:
-            cos, sin = cos.to(self.dtype), sin.to(self.dtype)
-        # Full-width tables for x * cos + rotate_half(x) * sin: x1 cos - x2 sin is x1 cos + x2 (-sin)
-        # bit for bit (negation is exact), so apply_rope's values are reproduced.
-        cos = torch.cat([cos, cos], -1).unsqueeze_(1)  # [B, 1, hd]
-        sin = torch.cat([sin.neg(), sin], -1).unsqueeze_(1)  # [B, 1, hd]
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [B, D]
         bias = state.bias[..., : s0 + 1]  # [B * H, 1, S] view
         for layer, (k, v) in zip(self.layers, state.kv):
             x = layer(x, k, v, s0, cos, sin, bias, state)
@@ -57,11 +52,31 @@ class Decoder:
         return self.lm_head(self.norm(x)).float()  # [B, V]
 
 
+def rope_rows(model: Transformer, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-width rotary tables cos, sin [max_seq_len, D] in ``dtype`` for ``x * cos + swap(x) * sin``
+    on [M, D] rows of all heads, ``swap`` exchanging each head's halves: x1 cos - x2 sin is
+    x1 cos + x2 (-sin) bit for bit (negation and the cast commute exactly), so apply_rope's values
+    are reproduced by two plain multiplies and an add, with one table lookup per call."""
+    c, s = model.rope_cos.to(dtype), model.rope_sin.to(dtype)  # [S, hd/2]
+    H = model.cfg.n_heads
+    return torch.cat([c, c], -1).repeat(1, H), torch.cat([s.neg(), s], -1).repeat(1, H)  # [S, D] each
+
+
+def rotate(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, swap: torch.Tensor) -> torch.Tensor:
+    """apply_rope on rows: qk [2, M, D] (q and k), cos, sin [M, D] (rope_rows) -> [2, M, D]."""
+    two, M, D = qk.shape
+    hd = D // n_heads
+    rot = qk.view(two, M, n_heads, 2, hd // 2).index_select(3, swap).view(two, M, D)  # halves exchanged
+    return (qk * cos).add_(rot.mul_(sin))  # [2, M, D]
+
+
 class DecodeState:
     """Per-``generate`` buffers of the decode loop, allocated once per call: the keys' additive
     mask (0 = seen, -inf = padding), kept up to date slot by slot rather than rebuilt per
-    step and layer; the q / k projections' outputs (see DecodeLayer); per-layer views of
-    the KV cache as [B * H, max_len, hd] batches."""
+    step and layer; the q / k projections' buffer (DecodeLayer.project); per-layer views of
+    the KV cache as [B * H, max_len, hd] batches; for native 16-bit attention (DecodeLayer) the
+    probabilities' buffer over all max_len slots, zero beyond the slots seen, and the cache's
+    unfilled V slots zeroed (0 * V must be 0, not NaN from uninitialised memory)."""
 
     def __init__(self, cache: KVCache):
         L, B, H, S, hd = cache.k.shape
@@ -70,16 +85,18 @@ class DecodeState:
         filled = cache.length  # the prefilled prompt slots
         self.bias4[:, :, 0, :filled].masked_fill_(~cache.key_valid[:, None, :filled], float("-inf"))
         self.bias = self.bias4.view(B * H, 1, S)
-        self.qk = torch.empty(2, B, H * hd, dtype=cache.k.dtype, device=cache.k.device)  # [2, B, D]
-        self.q, self.k = self.qk[0], self.qk[1]  # [B, D] views
         self.kv = [(cache.k[i].view(B * H, S, hd), cache.v[i].view(B * H, S, hd)) for i in range(L)]
+        qk = torch.empty(2, B, H * hd, dtype=cache.k.dtype, device=cache.k.device)  # [2, B, D]
+        self.qk = (qk, qk[0], qk[1])  # the buffer and its [B, D] halves
+        self.p = torch.zeros(B * H, 1, S, dtype=cache.k.dtype, device=cache.k.device)  # [B * H, 1, S]
+        cache.v[:, :, :, filled:].zero_()
 
 
 class Norm:
-    """``RMSNorm`` as a function of rows x [M, D]. In float32 without its two no-op casts, with
-    ``mean`` written out as the ``sum`` and ``div_`` it runs (aten's CPU ``mean``), ``pow(2)``
-    as the ``x * x`` it computes, and the scalars as ready 0-dim tensors: 6 aten calls instead
-    of ~25, the same bits (tests/embedded/test_decode.py checks the bits)."""
+    """``RMSNorm`` as a function of rows x [M, D], with ``mean`` written out as the ``sum`` and
+    ``div_`` it runs (aten's CPU ``mean``), ``pow(2)`` as the ``x * x`` it computes, the scalars
+    as ready 0-dim tensors, and in float32 without its two no-op casts: 6 aten calls instead of
+    ~25 (8 in 16 bit, whose two casts are real), the same bits (tests/embedded/test_decode.py)."""
 
     def __init__(self, norm: RMSNorm, dtype: torch.dtype):
         self.norm, self.f32 = norm, dtype == torch.float32
@@ -88,10 +105,11 @@ class Norm:
         self.eps = torch.tensor(norm.eps, device=w.device)  # float32, as the scalar the kernel uses
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.f32:
-            return self.norm(x)
-        r = (x * x).sum(-1, keepdim=True).div_(self.n).add_(self.eps).rsqrt_()  # [M, 1]
-        return (x * r).mul_(self.norm.weight)
+        xf = x if self.f32 else x.float()
+        r = (xf * xf).sum(-1, keepdim=True).div_(self.n).add_(self.eps).rsqrt_()  # [M, 1]
+        if self.f32:
+            return (x * r).mul_(self.norm.weight)
+        return xf.mul_(r).to(x.dtype).mul_(self.norm.weight)  # xf is a fresh float32 copy
 
 
 def linear_fn(mod: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -109,10 +127,11 @@ class DecodeLayer:
 
     The same arithmetic as ``Block.forward`` with T = 1, fewer dispatches: q and k are written
     by ``mm(..., out=)`` into one [2, B, D] buffer (plain linears; else stacked) and rotated
-    together; the key mask enters as an additive 0 / -inf bias of a ``baddbmm`` (x + 0 = x
-    and x + -inf = -inf: the same scores as ``masked_fill``) that also applies the
-    1 / sqrt(head_dim) scale when it is a power of two (then exact in any order); residual
-    adds, SiLU and the gating product are in place.
+    together (rotate); the key mask enters as an additive 0 / -inf bias of a
+    ``baddbmm`` (x + 0 = x and x + -inf = -inf: the same scores as ``masked_fill``) that also
+    applies the 1 / sqrt(head_dim) scale when it is a power of two (then exact in any order);
+    residual adds and the gating product are in place. :class:`~suite.embedded.prefill.Prefill`
+    runs the same layers over a prompt.
     """
 
     def __init__(self, block: Block, dtype: torch.dtype):
@@ -127,27 +146,21 @@ class DecodeLayer:
         self.qk_t = (a.wq.weight.t(), a.wk.weight.t()) if plain else None  # [D, D] views
         self.matmul = a.matmul  # torch.matmul, or the engine's bf16 emulation
         self.fast_att = dtype == torch.float32 and self.matmul is torch.matmul
+        self.full_att = dtype != torch.float32 and self.matmul is torch.matmul
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.scale_exact = math.frexp(self.scale)[0] == 0.5  # a power of two
+        self.swap = torch.tensor([1, 0], device=block.attn_norm.weight.device)  # rotate's index
 
     def __call__(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s0: int,
                  cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """x [B, D] (updated in place and returned); k_cache, v_cache [B * H, max_len, hd] views
-        of this layer's cache; the new token goes to slot s0; cos, sin [B, 1, hd]; bias
-        [B * H, 1, s0 + 1]; ``state.qk`` the q / k buffer."""
+        of this layer's cache; the new token goes to slot s0; cos, sin [B, D] (rope_rows); bias
+        [B * H, 1, s0 + 1]."""
         B, D = x.shape
         H, hd, S = self.n_heads, self.head_dim, s0 + 1
         h = self.attn_norm(x)  # [B, D]
-        if self.qk_t is not None:
-            torch.mm(h, self.qk_t[0], out=state.q)
-            torch.mm(h, self.qk_t[1], out=state.k)
-            qk = state.qk  # [2, B, D]
-        else:
-            qk = torch.stack([self.wq(h), self.wk(h)])  # [2, B, D]
-        v = self.wv(h)  # [B, D]
-        qk = qk.view(2, B, H, hd)
-        rot = qk.view(2, B, H, 2, hd // 2).flip(3).view(2, B, H, hd)  # rotate_half without the sign
-        qk = qk * cos + rot * sin  # [2, B, H, hd]
+        qk, v = self.project(h, state.qk)  # [2, B, D], [B, D]
+        qk = rotate(qk, cos, sin, H, self.swap)  # [2, B, D]
         k_cache.select(1, s0).copy_(qk[1].view(B * H, hd))
         v_cache.select(1, s0).copy_(v.view(B * H, hd))
         q = qk[0].view(B * H, 1, hd)
@@ -159,11 +172,36 @@ class DecodeLayer:
             else:
                 att = torch.baddbmm(bias, q, kt).mul_(self.scale)
             y = torch.bmm(torch.softmax(att, -1), vv)  # [B * H, 1, hd]
+        elif self.full_att:
+            # Native 16-bit bmm (oneDNN) copies any operand whose batches are not dense, as
+            # the [:, :S] views of the cache are: it reads the whole cache instead. The scores
+            # of slots >= S are dropped before the softmax, and the probabilities' buffer is
+            # zero there (V too: DecodeState), so those slots add exact zeros to each output.
+            # The bits of the sliced call (tests/embedded/test_decode.py).
+            att = torch.bmm(q, k_cache.transpose(1, 2))[..., :S] * self.scale + bias  # [B * H, 1, S]
+            p = state.p
+            p[..., :S] = torch.softmax(att, -1, dtype=torch.float32)  # cast to the cache's dtype
+            y = torch.bmm(p, v_cache)  # [B * H, 1, hd]
         else:
             att = self.matmul(q, kt) * self.scale + bias  # [B * H, 1, S]
             att = torch.softmax(att, -1, dtype=torch.float32).to(vv.dtype)
             y = self.matmul(att, vv)  # [B * H, 1, hd]
         x = x.add_(self.wo(y.view(B, D)))
+        return self.mlp(x)
+
+    def project(self, h: torch.Tensor, qk: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [M, D] -> (q and k [2, M, D], v [M, D]); plain linears write q and k with
+        ``mm(..., out=)`` into ``qk``: a [2, M, D] buffer and its two [M, D] halves (views taken
+        once per call of generate, not per layer)."""
+        if self.qk_t is not None:
+            torch.mm(h, self.qk_t[0], out=qk[1])
+            torch.mm(h, self.qk_t[1], out=qk[2])
+            return qk[0], self.wv(h)
+        return torch.stack([self.wq(h), self.wk(h)]), self.wv(h)  # [2, M, D], [M, D]
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """x + w_down(silu(w_gate h) * w_up h) with h = mlp_norm(x), x [M, D] updated in place."""
         h = self.mlp_norm(x)
         g = self.w_gate(h)
         return x.add_(self.w_down(F.silu(g, inplace=True).mul_(self.w_up(h))))

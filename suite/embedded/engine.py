@@ -17,9 +17,10 @@ and bf16 GEMMs fall back to reference loops 5-30x slower than float32 (measured 
 would invert every speed comparison.
 
 Sampling (:meth:`RolloutEngine.generate`): left-padded prompts; each distinct prompt is
-prefilled once and its KV cache fanned out to its copies (a GRPO group); then one token per
+prefilled once (suite.embedded.prefill ``Prefill``: the general forward's bits, re-fused) and
+its KV cache fanned out to its copies (a GRPO group); then one token per
 step from a preallocated KV cache, through the engine's own one-token path
-(suite.embedded.decode ``Decoder``: ~410 aten calls per step instead of the general forward's
+(suite.embedded.decode ``Decoder``: ~420 aten calls per step instead of the general forward's
 ~1,040, the same bits); finished sequences emit ``pad_id`` (masked) and the loop
 exits once every sequence has emitted ``stop_id``. ``behav_logp`` is the log-prob of each
 sampled token under ``softmax(logits / temperature)`` of the *engine's* (quantized) model --
@@ -44,6 +45,7 @@ from torch import nn
 from suite.core.quant import QUANTIZERS, QuantScheme
 from suite.embedded.decode import Decoder, DecodeState
 from suite.embedded.model import KVCache, Transformer
+from suite.embedded.prefill import Prefill
 from suite.embedded.qlinear import (
     ENGINE_LINEARS,
     QUANTIZED_LINEARS,
@@ -151,6 +153,7 @@ class RolloutEngine:
         self.model = m
         self._cache: KVCache | None = None
         self.decoder = Decoder(m, self.dtype)  # the one-token path of generate (suite.embedded.decode)
+        self.prefill = Prefill(self.decoder)  # generate's prompt path (suite.embedded.prefill)
         self.sync(model)
 
     # ---------------------------------------------------------------- weight sync
@@ -228,15 +231,12 @@ class RolloutEngine:
         # decode step (3-5 % of a tiny-model rollout). Only the KV cache, the logits and the
         # sampled tokens live inside it; the Rollout's tensors are made outside, updated in place.
         with torch.inference_mode():
-            model, cache = self.model, self._get_cache(B, S)
+            cache = self._get_cache(B, S)
             if len(rep) == B:
-                h = model.hidden(tokens[:, :P], attention_mask=mask[:, :P], kv_cache=cache)  # [B, P, D]
-                logits = model.lm_head(h[:, -1]).float()  # [B, V]
+                logits = self.prefill(tokens[:, :P], mask[:, :P], cache)  # [B, V]
             else:  # prefill the distinct prompts, then fan their KV cache out to the copies
                 src_t, rep_t = torch.tensor(src, device=dev), torch.tensor(rep, device=dev)  # [B], [U]
-                h = model.hidden(tokens[rep_t, :P], attention_mask=mask[rep_t, :P],
-                                 kv_cache=cache.rows(len(rep)))  # [U, P, D]
-                logits = model.lm_head(h[:, -1]).float()[src_t]  # [B, V]
+                logits = self.prefill(tokens[rep_t, :P], mask[rep_t, :P], cache.rows(len(rep)))[src_t]  # [B, V]
                 cache.gather_rows(src_t, P)
 
             state = DecodeState(cache)  # per-call buffers and views of the cache
