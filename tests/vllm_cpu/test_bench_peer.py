@@ -8,6 +8,7 @@ import sys
 
 import torch
 from torch.testing import assert_close
+from vllm_tiny import w8a8_reference
 
 
 def test_vllm_takes_the_eos_id_greedily_where_we_do(tmp_path):
@@ -45,33 +46,6 @@ def test_vllm_takes_the_eos_id_greedily_where_we_do(tmp_path):
     assert_close(tf["lp"][:, 5:], lp[:, 5:-1].gather(-1, ours[..., None])[..., 0], rtol=0, atol=1e-4)
 
 
-def _w8a8_float32(model):
-    """``model`` with every block linear computing W8A8 by the suite's quantizers, the rest
-    float32: the same INT8 arithmetic as the bench's int8 row, without its bf16 rounding."""
-    import copy
-
-    import torch.nn.functional as F
-
-    from suite.core.quant import QuantScheme, fake_quant, fake_quant_act
-
-    int8 = QuantScheme(precision="int8")
-
-    class W8A8(torch.nn.Module):
-        def __init__(self, lin):
-            super().__init__()
-            self.w = fake_quant(lin.weight.detach(), int8)
-
-        def forward(self, x):
-            return F.linear(fake_quant_act(x, int8), self.w)
-
-    ref = copy.deepcopy(model)
-    for block in ref.layers:
-        for parent, names in ((block.attn, ("wq", "wk", "wv", "wo")), (block.mlp, ("w_gate", "w_up", "w_down"))):
-            for n in names:
-                setattr(parent, n, W8A8(getattr(parent, n)))
-    return ref
-
-
 def test_the_int8_row_parts_at_near_ties_no_more_than_our_own_float32_w8a8(tmp_path):
     """The bench's int8 row (ours: W8A8 with bf16 around the GEMMs; vLLM: the exported
     compressed-tensors checkpoint in bf16) compares one computation: teacher-forced on our
@@ -98,7 +72,7 @@ def test_the_int8_row_parts_at_near_ties_no_more_than_our_own_float32_w8a8(tmp_p
     ours_lp = torch.log_softmax(engine.logits(full), -1)  # [64, 48, V]
     got = vllm_agreement(ours, ours_lp, theirs, tf)
     with torch.no_grad():
-        ref_lp = torch.log_softmax(_w8a8_float32(model)(full).float(), -1)  # [64, 48, V]
+        ref_lp = torch.log_softmax(w8a8_reference(model)(full).float(), -1)  # [64, 48, V]
     ref_top = ref_lp[:, 15:-1].argmax(-1)  # [64, 32]: the float32 W8A8's pick on our prefix
     ref_match = float((ref_top == ours).float().mean())
     assert 0.8 < ref_match < 0.99  # INT8 in bf16 vs float32 does part at near ties here

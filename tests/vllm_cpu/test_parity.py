@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from vllm_tiny import (
     NUMBERS,
     checkpoints,
@@ -30,9 +29,10 @@ from vllm_tiny import (
     sequences,
     tiny_model,
     torch_logprobs,
+    w8a8_reference,
 )
 
-from suite.core.quant import QuantScheme, fake_quant, fake_quant_act
+from suite.core.quant import QuantScheme
 
 INT8 = QuantScheme(precision="int8")
 
@@ -64,26 +64,6 @@ def f32(ckpt):
     return out
 
 
-def _w8a8_reference(model):
-    """``model`` with every block linear computing W8A8 by the suite's quantizers (float32)."""
-    import copy
-
-    class W8A8(torch.nn.Module):
-        def __init__(self, lin):
-            super().__init__()
-            self.w = fake_quant(lin.weight.detach(), INT8)
-
-        def forward(self, x):
-            return F.linear(fake_quant_act(x, INT8), self.w)
-
-    ref = copy.deepcopy(model)
-    for block in ref.layers:
-        for parent, names in ((block.attn, ("wq", "wk", "wv", "wo")), (block.mlp, ("w_gate", "w_up", "w_down"))):
-            for n in names:
-                setattr(parent, n, W8A8(getattr(parent, n)))
-    return ref
-
-
 def test_each_int8_linear_equals_the_embedded_engines(f32):
     """vLLM's fused INT8 linears (qkv, o, gate_up, down of block 0) on one input equal the
     embedded engine's Int8Linear (suite.embedded.qlinear) on the same weights."""
@@ -105,7 +85,7 @@ def test_int8_logprobs_equal_an_independent_w8a8_in_float32(f32):
     seqs = sequences()
     model = tiny_model(0)
     got = f32["logprobs"]  # [N, T-1]
-    ref = torch_logprobs(_w8a8_reference(model), seqs)
+    ref = torch_logprobs(w8a8_reference(model), seqs)
     fp32 = torch_logprobs(model, seqs)
     diff, quant = (got - ref).abs(), (ref - fp32).abs()
     NUMBERS.append(f"parity float32: |vLLM int8 - suite W8A8| mean {diff.mean():.2e} max {diff.max():.2e}; "

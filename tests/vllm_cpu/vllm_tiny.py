@@ -108,3 +108,31 @@ def torch_logprobs(forward, seqs: list[list[int]]) -> torch.Tensor:
 
 
 NUMBERS: list[str] = []  # measured values the tests report; printed at the end of the run (conftest.py)
+
+
+def w8a8_reference(model: Transformer) -> Transformer:
+    """A copy of ``model`` whose block linears compute W8A8 by the suite's quantizers
+    (suite.core.quant), the rest as ``model`` does (float32): the INT8 arithmetic of the engine
+    and of vLLM's int8 checkpoint without their bf16 rounding."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from suite.core.quant import QuantScheme, fake_quant, fake_quant_act
+
+    int8 = QuantScheme(precision="int8")
+
+    class W8A8(torch.nn.Module):
+        def __init__(self, lin):
+            super().__init__()
+            self.w = fake_quant(lin.weight.detach(), int8)
+
+        def forward(self, x):
+            return F.linear(fake_quant_act(x, int8), self.w)
+
+    ref = copy.deepcopy(model)
+    for block in ref.layers:
+        for parent, names in ((block.attn, ("wq", "wk", "wv", "wo")), (block.mlp, ("w_gate", "w_up", "w_down"))):
+            for n in names:
+                setattr(parent, n, W8A8(getattr(parent, n)))
+    return ref
