@@ -64,8 +64,8 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"(experiment {cfg.tracking.experiment!r})", flush=True)
     start = time.perf_counter()
     from suite.cell import run_cell
-    from suite.tracking.experiments import ui_hint
     from suite.hardware import HardwareError
+    from suite.tracking.experiments import ui_hint
     from suite.tracking.lock import RunLockedError
     from suite.tracking.loggers import CorruptMetricsError
 

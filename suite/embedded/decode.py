@@ -164,15 +164,7 @@ class DecodeLayer:
         k_cache.select(1, s0).copy_(qk[1].view(B * H, hd))
         v_cache.select(1, s0).copy_(v.view(B * H, hd))
         q = qk[0].view(B * H, 1, hd)
-        kt = k_cache[:, :S].transpose(1, 2)  # [B * H, hd, S] view
-        vv = v_cache[:, :S]  # [B * H, S, hd] view
-        if self.fast_att:
-            if self.scale_exact:
-                att = torch.baddbmm(bias, q, kt, alpha=self.scale)  # [B * H, 1, S]
-            else:
-                att = torch.baddbmm(bias, q, kt).mul_(self.scale)
-            y = torch.bmm(torch.softmax(att, -1), vv)  # [B * H, 1, hd]
-        elif self.full_att:
+        if self.full_att:
             # Native 16-bit bmm (oneDNN) copies any operand whose batches are not dense, as
             # the [:, :S] views of the cache are: it reads the whole cache instead. The scores
             # of slots >= S are dropped before the softmax, and the probabilities' buffer is
@@ -183,11 +175,23 @@ class DecodeLayer:
             p[..., :S] = torch.softmax(att, -1, dtype=torch.float32)  # cast to the cache's dtype
             y = torch.bmm(p, v_cache)  # [B * H, 1, hd]
         else:
-            att = self.matmul(q, kt) * self.scale + bias  # [B * H, 1, S]
-            att = torch.softmax(att, -1, dtype=torch.float32).to(vv.dtype)
-            y = self.matmul(att, vv)  # [B * H, 1, hd]
+            y = self.attend(q, k_cache[:, :S], v_cache[:, :S], bias)  # [B * H, 1, hd]
         x = x.add_(self.wo(y.view(B, D)))
         return self.mlp(x)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T * scale + bias) v for q [N, T, hd], k, v [N, S, hd] (views of the cache),
+        bias [N, T, S]: ``Attention.forward``'s arithmetic, as decode and prefill run it."""
+        kt = k.transpose(1, 2)  # [N, hd, S] view
+        if self.fast_att:
+            if self.scale_exact:
+                att = torch.baddbmm(bias, q, kt, alpha=self.scale)  # [N, T, S]
+            else:
+                att = torch.baddbmm(bias, q, kt).mul_(self.scale)
+            return torch.bmm(torch.softmax(att, -1), v)  # [N, T, hd]
+        att = self.matmul(q, kt) * self.scale + bias  # [N, T, S]
+        att = torch.softmax(att, -1, dtype=torch.float32).to(v.dtype)
+        return self.matmul(att, v)  # [N, T, hd]
 
     def project(self, h: torch.Tensor, qk: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -77,17 +77,6 @@ def _layer(layer: DecodeLayer, x: torch.Tensor, B: int, T: int, s0: int, k_cache
     k_cache.view(B, H, -1, hd)[:, :, s0:s1] = k_new
     v_cache.view(B, H, -1, hd)[:, :, s0:s1] = v.view(B, T, H, hd).transpose(1, 2)  # [B, H, T, hd]
     q = q_k[0].view(B, T, H, hd).transpose(1, 2).reshape(B * H, T, hd)  # [B * H, T, hd], a copy
-    kt = k_cache[:, :s1].transpose(1, 2)  # [B * H, hd, s1] view
-    vv = v_cache[:, :s1]  # [B * H, s1, hd] view
-    if layer.fast_att:
-        if layer.scale_exact:
-            att = torch.baddbmm(bias, q, kt, alpha=layer.scale)  # [B * H, T, s1]
-        else:
-            att = torch.baddbmm(bias, q, kt).mul_(layer.scale)
-        y = torch.bmm(torch.softmax(att, -1), vv)  # [B * H, T, hd]
-    else:
-        att = layer.matmul(q, kt) * layer.scale + bias  # [B * H, T, s1]
-        att = torch.softmax(att, -1, dtype=torch.float32).to(vv.dtype)
-        y = layer.matmul(att, vv)  # [B * H, T, hd]
+    y = layer.attend(q, k_cache[:, :s1], v_cache[:, :s1], bias)  # [B * H, T, hd]
     y = y.view(B, H, T, hd).transpose(1, 2).reshape(N, D)  # [N, D]
     return layer.mlp(x.add_(layer.wo(y)))

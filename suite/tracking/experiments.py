@@ -115,6 +115,7 @@ def create_run(client, experiment: str, *, run_name: str | None, tags: Mapping[s
 # not read by that version. A link with the parameter opens the runs table in any browser.
 UI_VIEW = "workflowType=machine_learning"
 UI_DEFAULT = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+SERVED = ("http://", "https://")  # tracking URIs of a server, which serves the UI at the same address
 
 
 def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
@@ -122,7 +123,7 @@ def ui_link(tracking_uri: str, experiment_id: str, run_id: str | None = None) ->
 
     A tracking server (http/https URI) serves the UI at its own address; for any other store
     the link is where `mlflow ui --backend-store-uri <store>` serves it by default."""
-    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else UI_DEFAULT
+    base = tracking_uri.rstrip("/") if tracking_uri.startswith(SERVED) else UI_DEFAULT
     page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
     return f"{base}/{page}?{UI_VIEW}"
 
@@ -131,7 +132,7 @@ def ui_hint(tracking_uri: str, mlflow_run_id: str | None) -> str:
     """One line that says where to see `mlflow_run_id` in the MLflow UI (and, for a store
     without a server, the command that starts one), or only that command when the run cannot be
     looked up (no run, or the store does not answer)."""
-    served = tracking_uri.startswith(("http://", "https://"))
+    served = tracking_uri.startswith(SERVED)
     start = f"mlflow ui --backend-store-uri {tracking_uri}"
     if mlflow_run_id:
         try:
