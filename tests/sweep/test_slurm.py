@@ -143,8 +143,6 @@ def test_preempted_run_requeues_and_resumes_from_its_checkpoint(slurm_cluster, t
     then a real preemption by a job of the higher-priority partition "urgent" (SLURM requeues).
     The run ends with every step exactly once in metrics.jsonl and in MLflow. Each interruption
     lands while the run holds at a barrier after a checkpoint (steps 2 and 4): events, not speed."""
-    from submitit.slurm.slurm import SlurmJob
-
     N = 12
     barrier = checkpoint_barrier.install(monkeypatch, tmp_path, (2, 4), when="after")
 
@@ -160,7 +158,10 @@ def test_preempted_run_requeues_and_resumes_from_its_checkpoint(slurm_cluster, t
     log_path = state / "submitit" / f"{jid}_0_log.out"
     try:
         _wait(lambda: barrier.reached(2), 300, "the run at its step-2 checkpoint")
-        SlurmJob(state / "submitit", jid)._interrupt()  # SIGTERM + USR2, as submitit simulates preemption
+        # Preemption as submitit's own test helper (SlurmJob._interrupt, private) simulates it:
+        # SIGTERM, then the USR2 that submitit's handler answers with checkpoint() + requeue.
+        for sig in ("TERM", "USR2"):
+            slurm_cluster.run("scancel", "--signal", sig, jid)
         _wait(lambda: barrier.reached(4), 420, "the requeued run at its step-4 checkpoint")
         assert "resuming from step 2" in log_path.read_text()
         urgent = slurm_cluster.run("sbatch", "--parsable", "-p", "urgent", "-c", str(slurm_cluster.n_cpus),
