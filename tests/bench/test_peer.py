@@ -47,6 +47,35 @@ def test_peer_json_rows(tmp_path, capsys):
     assert (r["model"], r["batch"], r["new_tokens"], r["dtype"]) == ("tiny", 2, 4, "fp32")
     assert r["tokens_match"] == 1.0 and r["logits_max_abs_diff"] < 1e-3
     assert r["ratio_vs_hf"] == pytest.approx(r["ours_tokens_per_s"] / r["hf_tokens_per_s"], rel=1e-12)
+    # the bound (a free rest of our call) is above the ratio reached: our GEMMs are part of our call
+    assert math.isfinite(r["ratio_bound"]) and r["ratio_bound"] > r["ratio_vs_hf"]
+
+
+def test_grouped_prompts_decode_as_hf_does_and_a_group_that_does_not_divide_the_batch_is_refused(tmp_path, capsys):
+    from suite.bench.peer import grouped_prompts
+
+    p = grouped_prompts(6, 3, 4, 80, seed=1)
+    assert len(p) == 6 and p[0] == p[1] == p[2] and p[3] == p[4] == p[5] and p[0] != p[3]
+    rc = main(["bench", "peer", "--json", "--models", "tiny", "--batch", "4", "--group-size", "2", "--new-tokens", "4",
+               "--prompt-len", "5", "--repeats", "1", "--warmup", "0", "--vllm-python", "", "--no-mlflow",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    (r,) = json.loads(capsys.readouterr().out)
+    # our engine prefilled 2 prompts and fanned their cache out to 4 rows: still HF's tokens
+    assert (r["batch"], r["group_size"], r["tokens_match"]) == (4, 2, 1.0)
+    rc = main(["bench", "peer", "--models", "tiny", "--batch", "4,6", "--group-size", "4", "--vllm-python", "",
+               "--no-mlflow", "--out", str(tmp_path / "bad")])
+    assert rc == 2
+    assert "--group-size=4 must be >= 1 and divide every --batch (4,6)" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()  # refused before anything ran
+
+
+def test_ratio_bound_is_hf_time_over_our_gemm_time():
+    from suite.bench.peer import ratio_bound
+
+    # HF 0.354 s a call, our GEMMs 0.163 s: a free rest of ours would be 2.17x faster than HF
+    assert ratio_bound(0.354, 0.163) == pytest.approx(0.354 / 0.163)
+    assert math.isnan(ratio_bound(0.354, 0.0))  # no GEMM measured: no bound claimed
 
 
 def test_without_a_vllm_environment_the_vllm_peer_is_skipped_with_a_note(tmp_path, capsys):
