@@ -30,6 +30,7 @@ class Decoder:
         self.layers = [DecodeLayer(block, dtype) for block in model.layers]
         self.norm, self.lm_head = Norm(model.norm, dtype), linear_fn(model.lm_head)
         self.cos, self.sin = rope_rows(model, dtype)
+        self.native = NativeLayers.build(self.layers)  # the layer loop in C++, where it applies
 
     def __call__(self, tok: torch.Tensor, valid: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """One decode step: float32 logits [B, V] of ``tok [B]`` appended at slot ``cache.length``
@@ -44,8 +45,11 @@ class Decoder:
         x = m.tok_emb.weight.index_select(0, tok)  # [B, D], = the embedding lookup
         cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [B, D]
         bias = state.bias[..., : s0 + 1]  # [B * H, 1, S] view
-        for layer, (k, v) in zip(self.layers, state.kv):
-            x = layer(x, k, v, s0, cos, sin, bias, state)
+        if self.native is not None:
+            x = self.native(x, s0, cos, sin, bias, state)
+        else:
+            for layer, (k, v) in zip(self.layers, state.kv):
+                x = layer(x, k, v, s0, cos, sin, bias, state)
         cache.length = s0 + 1
         # The query saw its own slot; later queries must not see it if it is padding.
         state.bias4[:, :, 0, s0].masked_fill_(valid.logical_not().unsqueeze_(1), float("-inf"))
@@ -86,10 +90,73 @@ class DecodeState:
         self.bias4[:, :, 0, :filled].masked_fill_(~cache.key_valid[:, None, :filled], float("-inf"))
         self.bias = self.bias4.view(B * H, 1, S)
         self.kv = [(cache.k[i].view(B * H, S, hd), cache.v[i].view(B * H, S, hd)) for i in range(L)]
+        self.kv_flat = [t for kv in self.kv for t in kv]  # the same views, for NativeLayers
         qk = torch.empty(2, B, H * hd, dtype=cache.k.dtype, device=cache.k.device)  # [2, B, D]
         self.qk = (qk, qk[0], qk[1])  # the buffer and its [B, D] halves
         self.p = torch.zeros(B * H, 1, S, dtype=cache.k.dtype, device=cache.k.device)  # [B * H, 1, S]
         cache.v[:, :, :, filled:].zero_()
+
+
+class NativeLayers:
+    """The layer loop of a decode step as one call into C++ (csrc/decode_layers.cpp): the same
+    aten (and fused W8A8) calls with the same arguments as :class:`DecodeLayer`, so the same
+    bits, without the Python around them (a few microseconds per call at decode batch sizes).
+    It applies where the block linears are all plain bias-free ``nn.Linear`` (fp32, bf16) or
+    all fused W8A8 ``Int8Linear`` (int8 on CPU), with the float32 or the native 16-bit
+    attention; the other engines (emulated kernels, fp8, w4a16's dequantizing linears where not
+    plain) keep the Python loop. :func:`set_native_loop` switches it off (benchmarks)."""
+
+    NAMES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+    def __init__(self, ext, layers: list[DecodeLayer], int8: bool):
+        self.ext, self.layers, self.int8 = ext, layers, int8
+        self.weights = []
+        for l in layers:
+            self.weights += [l.attn_norm.norm.weight, l.attn_norm.n, l.attn_norm.eps, l.mlp_norm.norm.weight,
+                             l.mlp_norm.n, l.mlp_norm.eps]
+            for m in l.modules:
+                self.weights += [m.codes.t(), m.scale] if int8 else [m.weight.t()]  # views: a sync writes through
+        first = layers[0]
+        self.args = (first.swap, first.n_heads, first.scale, first.scale_exact, first.full_att,
+                     first.attn_norm.f32, int8)
+
+    @classmethod
+    def build(cls, layers: list[DecodeLayer]) -> "NativeLayers | None":
+        from suite.embedded.qlinear import Int8Linear
+
+        mods = [m for l in layers for m in l.modules]
+        plain = all(type(m) is nn.Linear and m.bias is None for m in mods)
+        int8 = all(isinstance(m, Int8Linear) and m.fused for m in mods)
+        if not layers or not (plain or int8) or not all(l.fast_att or l.full_att for l in layers):
+            return None
+        if len({(l.n_heads, l.scale, l.full_att, l.attn_norm.f32) for l in layers}) != 1:
+            return None
+        from suite.embedded import cext
+
+        ext = cext.build("suite_decode_layers", "decode_layers.cpp", python_module=True,
+                         what="the engine's decode step runs its Python layer loop (same numbers, slower)")
+        return cls(ext, layers, int8) if ext is not None else None
+
+    def __call__(self, x: torch.Tensor, s0: int, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
+                 state: DecodeState) -> torch.Tensor:
+        qk, q_out, k_out = state.qk
+        x, bad = self.ext.layers(x, self.weights, state.kv_flat, s0, cos, sin, bias, qk, q_out, k_out, state.p,
+                                 *self.args)
+        if bad is not None:  # a non-finite activation: the int8 quantizer's own error names it
+            from suite.core.quant import quantize_int8_per_token
+
+            quantize_int8_per_token(bad.float())
+        return x
+
+
+def set_native_loop(engine, on: bool) -> None:
+    """Run ``engine``'s decode steps through :class:`NativeLayers` (``on``, where it applies)
+    or through the Python layer loop: the same numbers, for measuring one against the other."""
+    d = engine.decoder
+    d.native = NativeLayers.build(d.layers) if on else None
+    if on and d.native is None:
+        raise ValueError("set_native_loop(on=True): this engine's layers are not plain linears with float32 or "
+                         "native 16-bit attention, or the extension did not build")
 
 
 class Norm:
@@ -144,6 +211,7 @@ class DecodeLayer:
                                                linear_fn(block.mlp.w_down))
         plain = type(a.wq) is nn.Linear and type(a.wk) is nn.Linear
         self.qk_t = (a.wq.weight.t(), a.wk.weight.t()) if plain else None  # [D, D] views
+        self.modules = (a.wq, a.wk, a.wv, a.wo, block.mlp.w_gate, block.mlp.w_up, block.mlp.w_down)  # NativeLayers
         self.matmul = a.matmul  # torch.matmul, or the engine's bf16 emulation
         self.fast_att = dtype == torch.float32 and self.matmul is torch.matmul
         self.full_att = dtype != torch.float32 and self.matmul is torch.matmul

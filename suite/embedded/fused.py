@@ -15,39 +15,23 @@ checks all three bit for bit, and the engine's tokens and log-probs).
 Alternatives measured (docs/bench.md): ``torch.compile`` (inductor, C++ backend) of the same
 function, weights as inputs, compiled in ~33 s and then was faster for the quantization
 (80 vs 216 us at [64, 512]) but slower for the rescale (150 vs 65 us): its per-call guard and
-wrapper overhead is of the size of the work. The extension is built once per machine into
-torch's extension cache (``TORCH_EXTENSIONS_DIR``, default ~/.cache/torch_extensions), without
-``-march=native``, so a build shared between nodes of a cluster runs on each of them. No
-compiler, or a failed build: :func:`available` is False and the engine runs the unfused path
-(same numbers).
+wrapper overhead is of the size of the work. The extension is built on first use
+(suite.embedded.cext); where it cannot be, :func:`available` is False and the engine runs the
+unfused path (same numbers).
 """
 
 from __future__ import annotations
 
-import os
-import warnings
-
 import torch
 
-_SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "int8_linear.cpp")
-_ext = None  # the loaded extension module
-_failed: str | None = None  # why the build failed, once it has
+from suite.embedded import cext
 
 
 def _load():
-    global _ext, _failed
-    if _ext is None and _failed is None:
-        try:
-            from torch.utils.cpp_extension import load
-
-            load(name="suite_int8_linear", sources=[_SOURCE], extra_cflags=["-O3", "-ffp-contract=off"],
-                 is_python_module=False, verbose=False)  # registers torch.ops.suite_fused
-            _ext = torch.ops.suite_fused
-        except Exception as exc:  # no compiler / ninja / headers: the unfused path is the same numbers
-            _failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            warnings.warn(f"suite.embedded.fused: the fused int8 extension did not build ({_failed}); "
-                          "the engine runs the unfused W8A8 path (same numbers, slower)", stacklevel=3)
-    return _ext
+    if cext.build("suite_int8_linear", "int8_linear.cpp", python_module=False,
+                  what="the engine runs the unfused W8A8 path (same numbers, slower)"):
+        return torch.ops.suite_fused
+    return None
 
 
 def available() -> bool:

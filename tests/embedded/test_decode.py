@@ -11,28 +11,40 @@ import torch
 
 from _prompts import left_padded, rand_prompts
 from suite.core.quant import PRECISIONS, QuantScheme
-from suite.embedded.decode import DecodeState
+from suite.embedded import fused
+from suite.embedded.decode import DecodeState, set_native_loop
 from suite.embedded.engine import RolloutEngine
 from suite.embedded.model import PRESETS, KVCache, ModelConfig, Transformer
 
 VOCAB = 80  # the character tokenizer's size
 
 
-@pytest.mark.parametrize("precision,d_model,kernels", [(p, 128, "auto") for p in PRECISIONS]
-                         + [("fp32", 96, "auto"), ("bf16", 128, "emulated"), ("w4a16", 128, "emulated")])
-def test_decode_step_equals_the_general_forward(precision, d_model, kernels):
-    """The engine's one-token decode path (suite.embedded.decode.Decoder, which
-    RolloutEngine.generate runs) gives the bits of ``model.hidden`` + ``lm_head`` with a KV cache, and leaves the same cache behind: with
-    left-padded prompts, rows turning into padding mid-way, and (d_model 96: head_dim 48) a
-    1 / sqrt(head_dim) that is not a power of two. The caches have spare slots beyond the last
-    token (native 16-bit attention reads all of them; they must add nothing)."""
+def _model(d_model: int = 128) -> Transformer:
     torch.manual_seed(0)
     m = Transformer(ModelConfig(vocab_size=VOCAB, **{**PRESETS["tiny"], "d_model": d_model}))
     with torch.no_grad():
         for name, p in m.named_parameters():
             if not name.endswith("norm.weight"):
                 p.mul_(4.0)
+    return m
+
+
+@pytest.mark.parametrize("loop", ["native", "python"])
+@pytest.mark.parametrize("precision,d_model,kernels", [(p, 128, "auto") for p in PRECISIONS]
+                         + [("fp32", 96, "auto"), ("bf16", 128, "emulated"), ("w4a16", 128, "emulated")])
+def test_decode_step_equals_the_general_forward(precision, d_model, kernels, loop):
+    """The engine's one-token decode path (suite.embedded.decode.Decoder, which
+    RolloutEngine.generate runs) gives the bits of ``model.hidden`` + ``lm_head`` with a KV cache, and leaves the same cache behind: with
+    left-padded prompts, rows turning into padding mid-way, and (d_model 96: head_dim 48) a
+    1 / sqrt(head_dim) that is not a power of two. The caches have spare slots beyond the last
+    token (native 16-bit attention reads all of them; they must add nothing). Both layer
+    loops: the C++ one (NativeLayers, where it applies) and the Python one."""
+    m = _model(d_model)
     e = RolloutEngine(m, QuantScheme(precision), kernels=kernels)
+    if loop == "python":
+        set_native_loop(e, False)
+    elif e.decoder.native is None:
+        pytest.skip(f"the C++ layer loop does not apply to {precision} / {kernels} engines here")
     tokens, mask = left_padded(rand_prompts([3, 7, 5, 1, 6]))
     B, P, R = tokens.shape[0], tokens.shape[1], 6
     g = torch.Generator().manual_seed(3)
@@ -54,3 +66,27 @@ def test_decode_step_equals_the_general_forward(precision, d_model, kernels):
     assert torch.equal(fast.k[:, :, :, :n], general.k[:, :, :, :n])
     assert torch.equal(fast.v[:, :, :, :n], general.v[:, :, :, :n])
     assert torch.equal(fast.key_valid, general.key_valid) and torch.equal(fast.n_valid, general.n_valid)
+
+
+def test_the_cpp_layer_loop_runs_where_it_applies():
+    """fp32 (plain linears, float32 attention) everywhere; int8 where its fused linears are
+    built; never for the emulated bf16 engine, whose attention is Python code."""
+    m = _model()
+    assert RolloutEngine(m, QuantScheme("fp32")).decoder.native is not None
+    assert RolloutEngine(m, QuantScheme("bf16"), kernels="emulated").decoder.native is None
+    int8 = RolloutEngine(m, QuantScheme("int8")).decoder.native
+    assert (int8 is not None and int8.int8) == fused.available()
+
+
+def test_a_non_finite_int8_activation_raises_the_quantizers_error_in_the_cpp_loop():
+    if not fused.available():
+        pytest.skip("no fused W8A8 extension here")
+    e = RolloutEngine(_model(), QuantScheme("int8"))
+    assert e.decoder.native is not None
+    cache = KVCache(e.model.cfg, 2, 8, dtype=e.dtype)
+    tokens = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    with torch.no_grad():
+        e.model.hidden(tokens[:, :1], attention_mask=torch.ones(2, 1, dtype=torch.bool), kv_cache=cache)
+        e.model.layers[1].attn_norm.weight[5] = float("inf")  # the second layer's q/k/v input (a view in the loop)
+    with pytest.raises(ValueError, match="cannot quantize tensor"):
+        e.decoder(tokens[:, 1], torch.ones(2, dtype=torch.bool), DecodeState(cache))

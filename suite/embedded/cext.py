@@ -1,0 +1,34 @@
+"""The engine's C++ extensions (``csrc/``), each built once per machine on first use.
+
+The build goes into torch's extension cache (``TORCH_EXTENSIONS_DIR``, default
+~/.cache/torch_extensions), without ``-march=native``, so a build shared between nodes of a
+cluster runs on each of them. No compiler, or a failed build: :func:`build` warns once and
+returns None, and the caller runs its Python path (the same numbers, slower).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+CSRC = os.path.join(os.path.dirname(__file__), "csrc")
+_built: dict[str, object] = {}  # name -> the loaded module (True for a library of torch.ops)
+_failed: dict[str, str] = {}  # name -> why its build failed
+
+
+def build(name: str, source: str, *, python_module: bool, what: str):
+    """Build ``csrc/<source>`` as extension ``name`` (once per process; cached on disk) and
+    return its Python module (``python_module``; else True once its ``TORCH_LIBRARY`` ops are
+    registered), or None where it cannot be built. ``what``: the fallback, for the warning."""
+    if name not in _built and name not in _failed:
+        try:
+            from torch.utils.cpp_extension import load
+
+            mod = load(name=name, sources=[os.path.join(CSRC, source)], extra_cflags=["-O3", "-ffp-contract=off"],
+                       is_python_module=python_module, verbose=False)
+            _built[name] = mod if python_module else True
+        except Exception as exc:  # no compiler / ninja / headers: the caller's Python path, same numbers
+            _failed[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            warnings.warn(f"suite.embedded: the C++ extension {name} did not build ({_failed[name]}); {what}",
+                          stacklevel=3)
+    return _built.get(name)
