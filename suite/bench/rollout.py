@@ -51,6 +51,9 @@ def register(sub) -> None:
     p.add_argument("--kernels", default="auto", help="engine kernels: auto | native | emulated (default auto)")
     p.add_argument("--unfused", action="store_true",
                    help="also time int8 with its unfused W8A8 path (where the fused one runs), side by side")
+    p.add_argument("--python-loop", action="store_true",
+                   help="also time each precision whose decode step runs its layer loop in C++ with the Python "
+                        "loop instead (the same numbers), side by side")
     p.add_argument("--profile", action="store_true",
                    help="also profile one generate call per precision (largest batch): time by operator group")
     add_common_args(p)
@@ -156,31 +159,43 @@ def op_shares(fn) -> dict[str, float]:
 
 def engine_path(engine) -> str:
     """The GEMM path an engine runs: ``native`` or ``emulated`` (suite.embedded.qlinear), with
-    ``+fused`` where int8 runs suite.embedded.fused."""
+    ``+fused`` where int8 runs suite.embedded.fused and ``+cpp-loop`` where its decode step runs
+    the layer loop in C++ (suite.embedded.decode.NativeLayers)."""
     from suite.embedded.qlinear import Int8Linear
 
     fused = any(isinstance(m, Int8Linear) and m.fused for m in engine.model.modules())
-    return ("native" if engine.native else "emulated") + ("+fused" if fused else "")
+    native_loop = engine.decoder.native is not None and engine.decoder.native.applies()
+    return ("native" if engine.native else "emulated") + ("+fused" if fused else "") + ("+cpp-loop" if native_loop
+                                                                                         else "")
 
 
-def build_engines(model, precisions, kernels: str, unfused: bool) -> dict:
+def build_engines(model, precisions, kernels: str, unfused: bool, python_loop: bool = False) -> dict:
     """One RolloutEngine per precision, plus ``int8/unfused`` (its fused path switched off) when
-    ``unfused`` and the int8 engine runs fused: variant name -> engine."""
+    ``unfused`` and the int8 engine runs fused, and ``<precision>/python-loop`` (the decode
+    step's Python layer loop) for each precision running the C++ one when ``python_loop``:
+    variant name -> engine."""
     from suite.core.quant import QuantScheme
+    from suite.embedded.decode import set_native_loop
     from suite.embedded.engine import RolloutEngine
     from suite.embedded.qlinear import set_int8_fused
 
     engines = {p: RolloutEngine(model, QuantScheme(precision=p), kernels=kernels) for p in precisions}
-    if unfused and "int8" in engines and engine_path(engines["int8"]).endswith("+fused"):
+    if unfused and "int8" in engines and "+fused" in engine_path(engines["int8"]):
         engines["int8/unfused"] = e = RolloutEngine(model, QuantScheme(precision="int8"), kernels=kernels)
         set_int8_fused(e.model, False)
+    if python_loop:
+        for p in precisions:
+            if engine_path(engines[p]).endswith("+cpp-loop"):
+                engines[f"{p}/python-loop"] = e = RolloutEngine(model, QuantScheme(precision=p), kernels=kernels)
+                set_native_loop(e, False)
     return engines
 
 
 def run_rollout(models, precisions, batches, new_tokens, *, prompt_len: int, repeats: int, warmup: int,
-                kernels: str = "auto", profile: bool = False, unfused: bool = False) -> tuple[list[dict], list[dict]]:
-    """The benchmark itself: (rows, profile rows). Rows as in COLUMNS; ``unfused`` adds an
-    ``int8/unfused`` variant (see build_engines)."""
+                kernels: str = "auto", profile: bool = False, unfused: bool = False,
+                python_loop: bool = False) -> tuple[list[dict], list[dict]]:
+    """The benchmark itself: (rows, profile rows). Rows as in COLUMNS; ``unfused`` and
+    ``python_loop`` add variants (see build_engines)."""
     import torch
 
     from suite.hardware import cpu_features
@@ -190,7 +205,7 @@ def run_rollout(models, precisions, batches, new_tokens, *, prompt_len: int, rep
     prof_rows: list[dict] = []
     for preset in models:
         model = bench_model(preset)
-        engines = build_engines(model, precisions, kernels, unfused)
+        engines = build_engines(model, precisions, kernels, unfused, python_loop)
         # Weight sync, interleaved across precisions (at least 5 rounds: it is cheap).
         sync_t = interleaved({p: (lambda e=e: e.sync(model)) for p, e in engines.items()},
                              repeats=max(5, repeats), warmup=warmup)
@@ -244,11 +259,12 @@ def cmd_rollout(args) -> int:
     info = machine_info()
     rows, prof_rows = run_rollout(models, precisions, batches, new_tokens, prompt_len=args.prompt_len,
                                   repeats=args.repeats, warmup=args.warmup, kernels=args.kernels,
-                                  profile=args.profile, unfused=args.unfused)
+                                  profile=args.profile, unfused=args.unfused, python_loop=args.python_loop)
     notes = [
         "tokens_per_s = batch * new_tokens / median seconds of one generate call (prefill + decode, "
         "temperature 1); ratios are against fp32 / bf16 measured in the same interleaved rounds",
         "path: +fused = int8 with the fused quantize / rescale loops (suite.embedded.fused, the same bits); "
+        "+cpp-loop = the decode step's layer loop in C++ (suite.embedded.decode.NativeLayers, the same aten calls); "
         "native = low-precision GEMM kernels; emulated = the same numerics as float32 GEMMs "
         "(suite.embedded.engine: chosen where the CPU lacks VNNI / AVX512-BF16 / AMX)",
         "sync_ms = median seconds of RolloutEngine.sync (re-quantization from the fp32 weights)",
@@ -271,6 +287,7 @@ def cmd_rollout(args) -> int:
         metrics[f"{key}/sync_ms"] = r["sync_ms"]
     params = {"models": args.models, "precisions": args.precisions, "batch": args.batch,
               "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats,
-              "warmup": args.warmup, "kernels": args.kernels, "unfused": args.unfused}
+              "warmup": args.warmup, "kernels": args.kernels, "unfused": args.unfused,
+              "python_loop": args.python_loop}
     emit(args, "rollout", "rollout", info, rows, COLUMNS, notes, params, metrics)
     return 0

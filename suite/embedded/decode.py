@@ -45,7 +45,7 @@ class Decoder:
         x = m.tok_emb.weight.index_select(0, tok)  # [B, D], = the embedding lookup
         cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [B, D]
         bias = state.bias[..., : s0 + 1]  # [B * H, 1, S] view
-        if self.native is not None:
+        if self.native is not None and self.native.applies():
             x = self.native(x, s0, cos, sin, bias, state)
         else:
             for layer, (k, v) in zip(self.layers, state.kv):
@@ -116,6 +116,7 @@ class NativeLayers:
                              l.mlp_norm.n, l.mlp_norm.eps]
             for m in l.modules:
                 self.weights += [m.codes.t(), m.scale] if int8 else [m.weight.t()]  # views: a sync writes through
+        self.int8_mods = [m for l in layers for m in l.modules] if int8 else []
         first = layers[0]
         self.args = (first.swap, first.n_heads, first.scale, first.scale_exact, first.full_att,
                      first.attn_norm.f32, int8)
@@ -136,6 +137,10 @@ class NativeLayers:
         ext = cext.build("suite_decode_layers", "decode_layers.cpp", python_module=True,
                          what="the engine's decode step runs its Python layer loop (same numbers, slower)")
         return cls(ext, layers, int8) if ext is not None else None
+
+    def applies(self) -> bool:
+        """False while the int8 linears are switched off their fused path (qlinear.set_int8_fused)."""
+        return all(m.fused for m in self.int8_mods)
 
     def __call__(self, x: torch.Tensor, s0: int, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
                  state: DecodeState) -> torch.Tensor:

@@ -20,7 +20,7 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
     db = tmp_path / "mlflow.db"
     cmd = [sys.executable, "-m", "suite.cli", "bench", "rollout", "--json", "--models", "tiny", "--batch", "2,3",
            "--new-tokens", "4", "--prompt-len", "5", "--repeats", "1", "--warmup", "0", "--threads", "1", "--profile",
-           "--unfused", "--tracking-uri", f"sqlite:///{db}", "--out", str(tmp_path / "out")]
+           "--unfused", "--python-loop", "--tracking-uri", f"sqlite:///{db}", "--out", str(tmp_path / "out")]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "# suite bench rollout" in proc.stderr and "avx2" in proc.stderr  # the machine header
@@ -30,11 +30,17 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
 
     from suite.embedded import fused
 
-    # int8 runs fused where the extension builds (suite.embedded.fused); --unfused adds its unfused twin
+    # int8 runs fused where the extension builds (suite.embedded.fused); --unfused adds its unfused twin;
+    # --python-loop a twin of each precision whose decode step runs the C++ layer loop
     twin = fused.available()
-    variants = ("fp32", "bf16", "int8", "fp8", "w4a16") + (("int8/unfused",) if twin else ())
-    assert [(r["batch"], r["precision"]) for r in rows] == [(b, p) for b in (2, 3) for p in variants]
     by = {(r["batch"], r["precision"]): r for r in rows}
+    base = ("fp32", "bf16", "int8", "fp8", "w4a16")
+    loops = [p for p in base if by[(2, p)]["path"].endswith("+cpp-loop")]
+    assert "fp32" in loops and "fp8" not in loops  # plain linears + float32 attention: always; fp8: never
+    variants = base + (("int8/unfused",) if twin else ()) + tuple(f"{p}/python-loop" for p in loops)
+    assert [(r["batch"], r["precision"]) for r in rows] == [(b, p) for b in (2, 3) for p in variants]
+    for p in loops:
+        assert by[(2, f"{p}/python-loop")]["path"] == by[(2, p)]["path"].removesuffix("+cpp-loop")
     for r in rows:
         assert all(k in r for k in REQUIRED), r
         assert r["model"] == "tiny" and r["new_tokens"] == 4
@@ -42,12 +48,12 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
         fp32 = by[(r["batch"], "fp32")]
         assert r["ratio_vs_fp32"] == pytest.approx(r["tokens_per_s"] / fp32["tokens_per_s"], rel=1e-12)
         assert r["sync_ms"] > 0 and r["kernels"] in ("native", "emulated")
-        assert r["path"] in ("native", "emulated", "native+fused", "emulated+fused")
+        assert r["path"].removesuffix("+cpp-loop") in ("native", "emulated", "native+fused", "emulated+fused")
         assert r["cpu_flags"] == cpu_features().label()
     kernels = "native" if cpu_features().int8_native else "emulated"
-    assert by[(2, "int8")]["path"] == (f"{kernels}+fused" if twin else kernels)
+    assert by[(2, "int8")]["path"].removesuffix("+cpp-loop") == (f"{kernels}+fused" if twin else kernels)
     if twin:
-        assert by[(2, "int8/unfused")]["path"] == kernels
+        assert by[(2, "int8/unfused")]["path"] == kernels  # unfused: the C++ loop does not apply either
     assert by[(2, "fp32")]["ratio_vs_fp32"] == 1.0
     # the table files and the profile (shares of one generate call) were written
     md = (tmp_path / "out" / "rollout.md").read_text()

@@ -117,6 +117,7 @@ def test_the_int8_engine_runs_fused_and_samples_the_unfused_bits_across_a_sync(k
     lin = [x for x in a.model.modules() if isinstance(x, Int8Linear)]
     assert len(lin) == 7 * m.cfg.n_layers and all(x.fused for x in lin)
     assert not any(x.fused for x in b.model.modules() if isinstance(x, Int8Linear))
+    assert b.decoder.native is None or not b.decoder.native.applies()  # nor b's C++ decode loop (fused calls)
     prompts = rand_prompts([5, 3, 7, 4])
 
     def gen(e):
