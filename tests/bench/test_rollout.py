@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -36,7 +37,8 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
     by = {(r["batch"], r["precision"]): r for r in rows}
     base = ("fp32", "bf16", "int8", "fp8", "w4a16")
     loops = [p for p in base if by[(2, p)]["path"].endswith("+cpp-loop")]
-    assert "fp32" in loops and "fp8" not in loops  # plain linears + float32 attention: always; fp8: never
+    assert "fp8" not in loops  # its linears are not plain, nor fused W8A8
+    assert ("fp32" in loops) == (shutil.which("g++") is not None)  # plain + float32 attention: wherever it builds
     variants = base + (("int8/unfused",) if twin else ()) + tuple(f"{p}/python-loop" for p in loops)
     assert [(r["batch"], r["precision"]) for r in rows] == [(b, p) for b in (2, 3) for p in variants]
     for p in loops:
