@@ -17,6 +17,7 @@ from suite.embedded import fused
 from suite.embedded.decode import DecodeState, set_native_loop
 from suite.embedded.engine import RolloutEngine
 from suite.embedded.model import PRESETS, KVCache, ModelConfig, Transformer
+from suite.hardware import cpu_features
 
 VOCAB = 80  # the character tokenizer's size
 
@@ -72,21 +73,27 @@ def test_decode_step_equals_the_general_forward(precision, d_model, kernels, loo
 
 def test_the_cpp_layer_loop_runs_where_it_applies():
     """fp32 (plain linears, float32 attention) everywhere; int8 where its fused linears are
-    built; never for the emulated bf16 engine, whose attention is Python code."""
+    built and its bf16 attention runs native kernels (AVX512-BF16 / AMX); never for the
+    emulated engines (AVX2's path, forced here), whose bf16 attention is Python code."""
     if shutil.which("g++") is None:
         pytest.skip("no C++ compiler: the engine runs its Python layer loop (same numbers)")
     m = _model()
     assert RolloutEngine(m, QuantScheme("fp32")).decoder.native is not None
-    assert RolloutEngine(m, QuantScheme("bf16"), kernels="emulated").decoder.native is None
-    int8 = RolloutEngine(m, QuantScheme("int8")).decoder.native
-    assert (int8 is not None and int8.int8) == fused.available()
+    for p in ("bf16", "int8"):
+        assert RolloutEngine(m, QuantScheme(p), kernels="emulated").decoder.native is None
+    int8 = RolloutEngine(m, QuantScheme("int8"))
+    native_attention = int8.decoder.layers[0].full_att
+    assert native_attention == cpu_features().bf16_native
+    assert (int8.decoder.native is not None) == (fused.available() and native_attention)
+    assert int8.decoder.native is None or int8.decoder.native.int8
 
 
 def test_a_non_finite_int8_activation_raises_the_quantizers_error_in_the_cpp_loop():
     if not fused.available():
         pytest.skip("no fused W8A8 extension here")
     e = RolloutEngine(_model(), QuantScheme("int8"))
-    assert e.decoder.native is not None
+    if e.decoder.native is None:
+        pytest.skip("int8 runs the Python layer loop here (no native bf16 attention: the test above)")
     cache = KVCache(e.model.cfg, 2, 8, dtype=e.dtype)
     tokens = torch.tensor([[5, 6, 7], [8, 9, 10]])
     with torch.no_grad():
