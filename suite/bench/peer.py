@@ -144,7 +144,8 @@ def run_peer(models, batches, new_tokens: int, dtypes, *, prompt_len: int, repea
                     finally:
                         if vllm is not None:
                             vllm.close()
-                row.update({"model": preset, "batch": batch, "group_size": group_size, "new_tokens": new_tokens, "prompt_len": prompt_len,
+                row.update({"model": preset, "batch": batch, "group_size": group_size, "new_tokens": new_tokens,
+                            "prompt_len": prompt_len,
                             "dtype": dt, "kernels": "native" if engine.native else "emulated",
                             "vllm": vllm.version if vllm else "", "repeats": repeats})
                 rows.append(row)
@@ -295,7 +296,8 @@ def cmd_peer(args) -> int:
     metrics = {f"peer/{r['model']}/b{r['batch']}/{r['dtype']}/ratio_vs_{p}": r[f"ratio_vs_{p}"]
                for r in rows for p in ("hf", "vllm")}
     params = {"models": args.models, "batch": args.batch, "new_tokens": args.new_tokens,
-              "prompt_len": args.prompt_len, "group_size": args.group_size, "dtypes": args.dtypes, "repeats": args.repeats,
+              "prompt_len": args.prompt_len, "group_size": args.group_size, "dtypes": args.dtypes,
+              "repeats": args.repeats,
               "transformers": transformers.__version__, "vllm_python": vllm_python or ""}
     emit(args, "peer", "peer", info, rows, COLUMNS, notes, params, metrics)
     return 0

@@ -164,9 +164,8 @@ def engine_path(engine) -> str:
     from suite.embedded.qlinear import Int8Linear
 
     fused = any(isinstance(m, Int8Linear) and m.fused for m in engine.model.modules())
-    native_loop = engine.decoder.native is not None and engine.decoder.native.applies()
-    return ("native" if engine.native else "emulated") + ("+fused" if fused else "") + ("+cpp-loop" if native_loop
-                                                                                         else "")
+    loop = "+cpp-loop" if engine.decoder.cpp_loop else ""
+    return ("native" if engine.native else "emulated") + ("+fused" if fused else "") + loop
 
 
 def build_engines(model, precisions, kernels: str, unfused: bool, python_loop: bool = False) -> dict:

@@ -32,6 +32,11 @@ class Decoder:
         self.cos, self.sin = rope_rows(model, dtype)
         self.native = NativeLayers.build(self.layers)  # the layer loop in C++, where it applies
 
+    @property
+    def cpp_loop(self) -> bool:
+        """Whether the next step runs the layer loop in C++ (NativeLayers)."""
+        return self.native is not None and self.native.applies()
+
     def __call__(self, tok: torch.Tensor, valid: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """One decode step: float32 logits [B, V] of ``tok [B]`` appended at slot ``cache.length``
         (``valid [B]`` False = pad), the same numbers as ``model.hidden`` + ``lm_head``."""
@@ -45,7 +50,7 @@ class Decoder:
         x = m.tok_emb.weight.index_select(0, tok)  # [B, D], = the embedding lookup
         cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)  # [B, D]
         bias = state.bias[..., : s0 + 1]  # [B * H, 1, S] view
-        if self.native is not None and self.native.applies():
+        if self.cpp_loop:
             x = self.native(x, s0, cos, sin, bias, state)
         else:
             for layer, (k, v) in zip(self.layers, state.kv):
@@ -106,10 +111,8 @@ class NativeLayers:
     attention; the other engines (emulated kernels, fp8, w4a16's dequantizing linears where not
     plain) keep the Python loop. :func:`set_native_loop` switches it off (benchmarks)."""
 
-    NAMES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-
     def __init__(self, ext, layers: list[DecodeLayer], int8: bool):
-        self.ext, self.layers, self.int8 = ext, layers, int8
+        self.ext, self.int8 = ext, int8
         self.weights = []
         for l in layers:
             self.weights += [l.attn_norm.norm.weight, l.attn_norm.n, l.attn_norm.eps, l.mlp_norm.norm.weight,
@@ -125,10 +128,12 @@ class NativeLayers:
     def build(cls, layers: list[DecodeLayer]) -> "NativeLayers | None":
         from suite.embedded.qlinear import Int8Linear
 
+        if not layers:
+            return None
         mods = [m for l in layers for m in l.modules]
         plain = all(type(m) is nn.Linear and m.bias is None for m in mods)
         int8 = all(isinstance(m, Int8Linear) and m.fused for m in mods)
-        if not layers or not (plain or int8) or not all(l.fast_att or l.full_att for l in layers):
+        if not (plain or int8) or not all(l.fast_att or l.full_att for l in layers):
             return None
         if len({(l.n_heads, l.scale, l.full_att, l.attn_norm.f32) for l in layers}) != 1:
             return None
