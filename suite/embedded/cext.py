@@ -8,7 +8,9 @@ returns None, and the caller runs its Python path (the same numbers, slower).
 
 from __future__ import annotations
 
+import glob
 import os
+import sys
 import warnings
 
 CSRC = os.path.join(os.path.dirname(__file__), "csrc")
@@ -22,8 +24,12 @@ def build(name: str, source: str, *, python_module: bool, what: str):
     registered), or None where it cannot be built. ``what``: the fallback, for the warning."""
     if name not in _built and name not in _failed:
         try:
-            from torch.utils.cpp_extension import load
+            from torch.utils.cpp_extension import get_default_build_root, load
 
+            root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+            if not glob.glob(os.path.join(root, "*", name, "*.so")) + glob.glob(os.path.join(root, name, "*.so")):
+                print(f"suite: building the C++ extension {name} into {root} (once per machine, ~30-60 s)",
+                      file=sys.stderr, flush=True)
             mod = load(name=name, sources=[os.path.join(CSRC, source)], extra_cflags=["-O3", "-ffp-contract=off"],
                        is_python_module=python_module, verbose=False)
             _built[name] = mod if python_module else True
