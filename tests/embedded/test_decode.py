@@ -78,9 +78,17 @@ def test_the_cpp_layer_loop_runs_where_it_applies():
     if shutil.which("g++") is None:
         pytest.skip("no C++ compiler: the engine runs its Python layer loop (same numbers)")
     m = _model()
-    assert RolloutEngine(m, QuantScheme("fp32")).decoder.native is not None
+    fp32 = RolloutEngine(m, QuantScheme("fp32"))
+    assert fp32.decoder.cpp_loop
+    set_native_loop(fp32, False)
+    assert not fp32.decoder.cpp_loop
+    set_native_loop(fp32, True)
+    assert fp32.decoder.cpp_loop
     for p in ("bf16", "int8"):
-        assert RolloutEngine(m, QuantScheme(p), kernels="emulated").decoder.native is None
+        emulated = RolloutEngine(m, QuantScheme(p), kernels="emulated")
+        assert emulated.decoder.native is None
+        with pytest.raises(ValueError, match="set_native_loop"):
+            set_native_loop(emulated, True)
     int8 = RolloutEngine(m, QuantScheme("int8"))
     native_attention = int8.decoder.layers[0].full_att
     assert native_attention == cpu_features().bf16_native
