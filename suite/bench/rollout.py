@@ -184,7 +184,7 @@ def build_engines(model, precisions, kernels: str, unfused: bool, python_loop: b
         set_int8_fused(e.model, False)
     if python_loop:
         for p in precisions:
-            if engine_path(engines[p]).endswith("+cpp-loop"):
+            if engines[p].decoder.cpp_loop:
                 engines[f"{p}/python-loop"] = e = RolloutEngine(model, QuantScheme(precision=p), kernels=kernels)
                 set_native_loop(e, False)
     return engines
