@@ -23,6 +23,20 @@ CHOICES = ("auto", "native", "emulated")  # quant.kernels / quant.bf16_kernels a
 RESOLVED = ("native", "emulated")  # what they resolve to
 # oneDNN ISA names at or below AVX2 (anything else, e.g. AVX512_CORE_AMX, leaves the flags as detected)
 _ONEDNN_AVX2_OR_LESS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
+_ONEDNN_AVX2_VNNI = ("AVX2_VNNI", "AVX2_VNNI_2")  # caps that still allow oneDNN's 256-bit VNNI kernels
+
+
+def _proc_cpu_flags() -> frozenset[str]:
+    """The first CPU's flags in /proc/cpuinfo (Linux); empty where there is none. For the flags
+    torch has no predicate for (``avx_vnni``)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 @dataclass(frozen=True)
@@ -33,10 +47,20 @@ class CpuFeatures:
     avx512_bf16: bool  # bf16 dot products (vdpbf16ps: native bf16 GEMMs)
     amx: bool  # AMX tiles (int8 and bf16)
     capped: str = ""  # the ISA cap in force (ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA), "" if none
+    avx_vnni: bool = False  # 256-bit VNNI (AVX-VNNI: Alder Lake, Sapphire Rapids, Zen 5); not in label()
 
     @property
     def int8_native(self) -> bool:
         return self.avx512_vnni or self.amx
+
+    @property
+    def int8_dot_exact(self) -> bool:
+        """Whether oneDNN's int8 GEMMs sum exactly here: with a VNNI dot product (AVX512-VNNI,
+        AVX-VNNI) or AMX tiles they accumulate u8 x s8 products in int32; without, oneDNN's
+        AVX2 / AVX-512 kernels add product pairs in saturating int16 (``vpmaddubsw``), which is not
+        W8A8 arithmetic on full-range codes. oneDNN, "Nuances of int8 computations":
+        https://oneapi-src.github.io/oneDNN/dev_guide_int8_computations.html"""
+        return self.avx512_vnni or self.avx_vnni or self.amx
 
     @property
     def bf16_native(self) -> bool:
@@ -60,12 +84,16 @@ def cpu_features() -> CpuFeatures:
         caps.append(f"ATEN_CPU_CAPABILITY={aten}")
     if onednn in _ONEDNN_AVX2_OR_LESS:
         caps.append(f"ONEDNN_MAX_CPU_ISA={onednn}")
+    avx_vnni = "avx_vnni" in _proc_cpu_flags()
     if caps:
-        return CpuFeatures(False, False, False, capped=", ".join(caps))
+        # an AVX2_VNNI cap still lets oneDNN use 256-bit VNNI (only oneDNN runs int8 dot products)
+        return CpuFeatures(False, False, False, capped=", ".join(caps),
+                           avx_vnni=avx_vnni and onednn in _ONEDNN_AVX2_VNNI)
     return CpuFeatures(
         avx512_vnni=bool(torch.cpu._is_vnni_supported()),
         avx512_bf16=bool(torch.cpu._is_avx512_bf16_supported()),
         amx=bool(torch.cpu._is_amx_tile_supported()),
+        avx_vnni=avx_vnni,
     )
 
 

@@ -76,6 +76,13 @@ VERL_ROLLOUTS: dict[str, VerlRollout] = {
         _EXTENSION + ((f"+{AR}.engine_kwargs.vllm.quantization", "compressed-tensors"),
                       (f"+{AR}.engine_kwargs.vllm.hf_overrides", {"quantization_config": W8A8_QUANT_CONFIG})),
         "requantize", lambda g, sym: QuantScheme(precision="int8"),
+        # vLLM CPU's W8A8 linear is oneDNN's s8 x s8 matmul (or sgl-kernel's on AMX): exact with a
+        # VNNI dot product or AMX, saturating int16 pairs without (docs/verl.md, "vLLM's CPU INT8
+        # without VNNI"; vllm/model_executor/kernels/linear/scaled_mm/cpu.py at v0.31.0)
+        on_vllm_cpu=lambda features: features.int8_dot_exact,
+        vllm_cpu_needs="a VNNI dot product (AVX512-VNNI or AVX-VNNI) or AMX: without one, oneDNN's int8 GEMM adds "
+                       "u8 x s8 product pairs in saturating int16, which is not W8A8 arithmetic (measured log-prob "
+                       "error 8.1e-2, 6x the quantization effect itself; docs/verl.md, \"vLLM's CPU INT8 without VNNI\")",
     ),
     "w4a16": VerlRollout(
         _EXTENSION, "fake_quant", lambda g, sym: QuantScheme(precision="w4a16", group_size=int(g), symmetric=sym),

@@ -15,6 +15,7 @@ pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl
 pytestmark = pytest.mark.verl
 
 from suite.config import ConfigError, compose_config  # noqa: E402
+from suite.hardware import CpuFeatures  # noqa: E402
 from suite.verl.aligned import ALIGNED_BACKENDS, parse_spec  # noqa: E402
 from suite.verl.translate import (  # noqa: E402
     NEVER_TRUNCATE,
@@ -265,23 +266,64 @@ def test_verl_rollouts_are_registered_precisions():
     assert VERL_PRECISIONS == tuple(VERL_ROLLOUTS)
 
 
-def test_vllm_cpu_build_refuses_what_it_cannot_serve(verl_paths):
-    """backend.device=cpu (vLLM's CPU build): fp8 needs AMX there; the rest is served, and the
-    workers get verl's CPU platform (suite.verl.cpu_workarounds)."""
-    from suite.hardware import cpu_features
+# The CPU kinds the project's machines come in (docs/architecture.md, "CPU kinds"), as suite.hardware sees them
+CPU_KINDS = {
+    "avx2": CpuFeatures(False, False, False),  # e.g. AMD EPYC Zen 2/3
+    "avx2+avx_vnni": CpuFeatures(False, False, False, avx_vnni=True),  # e.g. Intel Alder Lake
+    "avx512_vnni+avx512_bf16": CpuFeatures(True, True, False),  # e.g. AMD EPYC Zen 4
+    "amx": CpuFeatures(True, True, True, avx_vnni=True),  # e.g. Intel Sapphire Rapids
+}
+# what vLLM's CPU build serves on each: fp8 needs AMX (its block-FP8 kernel), int8 a VNNI dot product or AMX
+VLLM_CPU_SERVES = {
+    "avx2": ("bf16", "w4a16"),
+    "avx2+avx_vnni": ("bf16", "int8", "w4a16"),
+    "avx512_vnni+avx512_bf16": ("bf16", "int8", "w4a16"),
+    "amx": ("bf16", "fp8", "int8", "w4a16"),
+}
 
+
+@pytest.mark.parametrize("kind", CPU_KINDS)
+def test_vllm_cpu_build_refuses_what_it_cannot_serve(verl_paths, kind, monkeypatch):
+    """backend.device=cpu (vLLM's CPU build), on each CPU kind: what it does not serve there is
+    refused at compose time naming quant.precision and what it needs; the rest composes, and the
+    workers get verl's CPU platform (suite.verl.cpu_workarounds)."""
+    import suite.hardware
+
+    monkeypatch.setattr(suite.hardware, "cpu_features", lambda: CPU_KINDS[kind])
+    served = VLLM_CPU_SERVES[kind]
     with pytest.raises(ConfigError, match=r"backend.device='tpu'.*cuda, cpu"):
         compose_config(verl_paths + ["quant=int8", "backend.device=tpu"])
-    if not cpu_features().amx:
-        with pytest.raises(ConfigError, match=r"quant.precision: 'fp8' is not served by vLLM's CPU build "
-                                              r"\(backend.device=cpu\).*it needs AMX; this build serves here: bf16, int8, w4a16"):
-            compose_config(verl_paths + ["quant=fp8", "backend.device=cpu"])
-    compose_config(verl_paths + ["quant=fp8"])  # a GPU build serves it
-    for q in ("bf16", "int8", "w4a16"):
-        cfg = compose_config(verl_paths + [f"quant={q}", "backend.device=cpu"])
-        assert "+ray_kwargs.ray_init.runtime_env.env_vars.SUITE_VERL_CPU='1'" in verl_overrides(cfg), q
+    needs = {"fp8": r"it needs AMX", "int8": r"it needs a VNNI dot product \(AVX512-VNNI or AVX-VNNI\) or AMX: .*"
+                                                r"saturating int16.*"}
+    for q in ("bf16", "fp8", "int8", "w4a16"):
+        if q in served:
+            cfg = compose_config(verl_paths + [f"quant={q}", "backend.device=cpu"])
+            assert "+ray_kwargs.ray_init.runtime_env.env_vars.SUITE_VERL_CPU='1'" in verl_overrides(cfg), q
+        else:
+            with pytest.raises(ConfigError, match=rf"quant.precision: '{q}' is not served by vLLM's CPU build "
+                                                  rf"\(backend.device=cpu\).*{needs[q]}; this build serves here: "
+                                                  rf"{', '.join(served)}"):
+                compose_config(verl_paths + [f"quant={q}", "backend.device=cpu"])
+        compose_config(verl_paths + [f"quant={q}"])  # a GPU build serves every one
     cfg = compose_config(verl_paths + ["quant=int8"])
     assert not any("SUITE_VERL_CPU" in o for o in verl_overrides(cfg))
+
+
+def test_an_isa_cap_below_vnni_refuses_vllm_cpu_int8(verl_paths, monkeypatch):
+    """With oneDNN capped at AVX2 (how an AVX2-only CPU's kernels are reproduced on a VNNI one,
+    docs/architecture.md "CPU kinds") vLLM's int8 GEMM saturates, so int8 is refused; the
+    AVX2_VNNI cap keeps a CPU's AVX-VNNI, and so int8, where the CPU has it."""
+    from suite.hardware import _proc_cpu_flags
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    with pytest.raises(ConfigError, match=r"quant.precision: 'int8' is not served .*saturating int16"):
+        compose_config(verl_paths + ["quant=int8", "backend.device=cpu"])
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2_VNNI")
+    if "avx_vnni" in _proc_cpu_flags():
+        compose_config(verl_paths + ["quant=int8", "backend.device=cpu"])
+    else:
+        with pytest.raises(ConfigError, match=r"'int8' is not served"):
+            compose_config(verl_paths + ["quant=int8", "backend.device=cpu"])
 
 
 def test_cpu_run_overrides_compose_against_verls_config(verl_paths, composer):
