@@ -40,9 +40,9 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 AUTOCASTS = ("auto", "bf16", "fp32")
 KERNEL_CHOICES = ("auto", "native", "emulated")  # quant.kernels, quant.bf16_kernels (suite.hardware)
 TASKS = ("arith", "word")
-BACKENDS = ("embedded", "verl")  # backend=...; a backend other than embedded registers with register_backend
+BACKENDS = ("embedded", "verl")  # backend=...; each registers with register_backend (BACKEND_MODULES)
 # warm_start.flaw_op: auto, none, or the operator of the tasks' traces the flawed teacher skips
-# (suite.embedded.tasks.flawed_response)
+# (suite.embedded.tasks.flawed_response; those a task's traces end with: suite.embedded.tasks.flaw_ops)
 FLAW_OPS: tuple[str, ...] = ("auto", "none", "+", "-", "*", "/")
 MODEL_PRESETS = ("tiny", "small", "base", "large", "wide")
 
@@ -60,7 +60,7 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = "arith"  # arith (multi-step arithmetic) | word (GSM8K-style templated problems)
-    difficulty: int = 2  # 1 (easiest) .. 4; number of reasoning steps and operand range
+    difficulty: int = 2  # 1 (easiest) .. 4 (word: .. 3); number of reasoning steps and operand range
     n_eval: int = 256  # held-out prompts scored every `eval_every` steps
     # avg@k (QuRL reports AIME avg@32): k samples per held-out prompt at rollout.temperature / top_p,
     # logged as val-core/<task>/acc/mean@k next to the greedy mean@1; 0 = off, else >= 2 (embedded only)
@@ -218,7 +218,6 @@ class Config:
 def _register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config", node=Config)
-    cs.store(group="backend", name="embedded", node=BackendConfig(name="embedded"))
     for preset in MODEL_PRESETS:
         cs.store(group="model", name=preset, node=ModelConfig(preset=preset))
     for task in TASKS:
@@ -244,15 +243,15 @@ def _register() -> None:
 
 _register()
 
-# Checks of a backend's own section, run by validate (the embedded backend's are validate's own).
+# Checks of a backend's own section and of what it needs from the task, run by validate.
 BACKEND_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
 
 
 def register_backend(name: str, node: Any, check: Callable[[DictConfig], None]) -> None:
     """Register backend ``name``'s config section (``backend=<name>``, a ``BackendConfig``
-    subclass instance) and the check :func:`validate` runs on its configs. Backends call it
-    when their config module is imported (suite.verl.config, listed in ``BACKEND_MODULES`` at the
-    end of this module), so this module imports no backend at its top."""
+    or subclass instance) and the check :func:`validate` runs on its configs. Backends call it
+    when their config module is imported (suite.embedded.config, suite.verl.config, listed in
+    ``BACKEND_MODULES`` at the end of this module), so this module imports no backend at its top."""
     ConfigStore.instance().store(group="backend", name=name, node=node)
     BACKEND_CHECKS[name] = check
 
@@ -459,6 +458,6 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 
 # The backends' config sections: each module calls register_backend when imported. Named here and
 # imported last (they import this module's names), so this module imports no backend at its top.
-BACKEND_MODULES = ("suite.verl.config",)
+BACKEND_MODULES = ("suite.embedded.config", "suite.verl.config")
 for _module in BACKEND_MODULES:
     importlib.import_module(_module)

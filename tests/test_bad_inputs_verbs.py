@@ -69,6 +69,22 @@ _sweep("sweep file", [
     ("name: bad\n" + _BASE + "matrix: {seed: [0]}\ndescription: [1]\n", ["description", "string"]),
     ("name: bad\n" + _BASE + "matrix: {seed: [0]}\nbase: [steps=2]\n", ["duplicate key 'base'"]),
 ], base=False)
+# a cell its task cannot serve (suite.embedded.config) is refused before anything is submitted
+_sweep("sweep task", [
+    ("matrix: {rollout.max_new_tokens: [16, 100000]}\n", ["cell 1", "rollout.max_new_tokens", "100000", "[1, 244]"]),
+    ("matrix: {task: [arith, word], task.difficulty: [4]}\n", ["cell 1", "task.difficulty", "task=word", "1, 2, 3"]),
+    ("matrix: {seed: [0]}\ninclude: [{task.difficulty: 1, task.n_eval: 76}]\n",
+     ["cell 1", "task.n_eval", "76", "[1, 75]"]),
+    ("matrix: {task: [word, arith], warm_start.flaw_op: ['/']}\n", ["cell 1", "warm_start.flaw_op", "task=arith"]),
+    ("matrix: {rollout.prompts_per_step: [4, 20001]}\n", ["cell 1", "rollout.prompts_per_step", "[1, 20000]"]),
+])
+_sweep("sweep task --dry-run", [
+    ("matrix: {rollout.max_new_tokens: [32, 250]}\n", ["cell 1", "rollout.max_new_tokens", "250", "[1, 244]"]),
+    ("matrix: {task: [word], task.difficulty: [3, 4]}\n", ["cell 1", "task.difficulty", "1, 2, 3"]),
+    ("matrix: {seed: [0]}\ninclude: [{task.n_eval: 2918}]\n", ["cell 1", "task.n_eval", "2918", "[1, 2917]"]),
+    ("matrix: {seed: [0]}\ninclude: [{warm_start.flaw_op: '/'}]\n", ["cell 1", "warm_start.flaw_op", "'/'"]),
+    ("matrix: {task.difficulty: [2, 1]}\ninclude: [{task.n_eval: 100}]\n", ["cell 3", "task.n_eval", "100", "[1, 75]"]),
+], flags=("--dry-run",))
 _sweep("sweep launcher", [
     ("matrix: {seed: [0]}\nlauncher: {name: pbs}\n", ["launcher.name", "pbs", "local, slurm"]),
     ("matrix: {seed: [0]}\nlauncher: {max_parallel: 0}\n", ["max_parallel", "0", "> 0"]),

@@ -104,3 +104,79 @@ def test_run_id_is_deterministic_and_semantic():
     assert base == run_id(compose_config(["out_dir=/elsewhere", "tracking.experiment=x", "threads=2"]))
     others = {run_id(compose_config(o)) for o in (["seed=1"], ["uaq.s=1.25"], ["train.lr=1e-3"], ["quant=fp8"])}
     assert base not in others and len(others) == 4
+
+
+# --- what the task allows (backend=embedded: suite.embedded.config) -------------------------------
+
+
+@pytest.mark.parametrize(
+    "good, bad, key, allowed",
+    [
+        # arith difficulty 2 prompts are at most 12 tokens; the tiny preset holds 256
+        (["rollout.max_new_tokens=244"], ["rollout.max_new_tokens=245"], "rollout.max_new_tokens", "[1, 244]"),
+        (["task=word", "task.difficulty=3", "rollout.max_new_tokens=144"],
+         ["task=word", "task.difficulty=3", "rollout.max_new_tokens=145"], "rollout.max_new_tokens", "[1, 144]"),
+        (["task=word", "task.difficulty=3"], ["task=word", "task.difficulty=4"], "task.difficulty", "1, 2, 3"),
+        (["task.difficulty=1", "task.n_eval=75"], ["task.difficulty=1", "task.n_eval=76"], "task.n_eval", "[1, 75]"),
+        (["task.n_eval=2917"], ["task.n_eval=2918"], "task.n_eval", "[1, 2917]"),
+        (["task=word", "warm_start.flaw_op=/"], ["warm_start.flaw_op=/"], "warm_start.flaw_op", "auto, none, +, -, *"),
+        (["warm_start.batch_size=20000"], ["warm_start.batch_size=20001"], "warm_start.batch_size", "[1, 20000]"),
+        # no warm start: its batch size is unused
+        (["warm_start.steps=0", "warm_start.batch_size=20001"], ["warm_start.batch_size=20001"],
+         "warm_start.batch_size", "[1, 20000]"),
+        (["rollout.prompts_per_step=20000"], ["rollout.prompts_per_step=20001"], "rollout.prompts_per_step",
+         "[1, 20000]"),
+    ],
+)
+def test_task_bounds_accept_their_edge_and_refuse_one_past_it(good, bad, key, allowed):
+    compose_config(good)
+    with pytest.raises(ConfigError) as err:
+        compose_config(bad)
+    assert str(err.value).startswith(f"{key}:") and allowed in str(err.value), err.value
+
+
+@pytest.mark.parametrize("name, difficulty", [("arith", d) for d in (1, 2, 3, 4)] + [("word", d) for d in (1, 2, 3)])
+def test_what_compose_accepts_the_run_sets_up(name, difficulty, tmp_path):
+    """At the edge compose allows (the longest new-token budget, the largest held-out set), the
+    embedded run's own late checks pass: the compose bounds are never looser than theirs."""
+    from suite.embedded.config import validate_embedded
+    from suite.embedded.tasks import HELD_OUT_PROMPTS, LEVELS
+    from suite.embedded.trainer import EmbeddedRun
+
+    room = 256 - LEVELS[name][difficulty].max_prompt_chars  # the tiny preset's max_seq_len is 256
+    n_eval = HELD_OUT_PROMPTS.get((name, difficulty), 256)
+    cfg = compose_config([f"task={name}", f"task.difficulty={difficulty}", f"task.n_eval={n_eval}",
+                          f"rollout.max_new_tokens={room}", f"warm_start.cache_dir={tmp_path}"])
+    run = EmbeddedRun(cfg, str(tmp_path / "run"), progress=False)  # raises where the run could not start
+    assert len(run.eval_set) == n_eval and max(len(e.prompt) for e in run.train_pool) <= 256 - room
+    cfg.rollout.max_new_tokens = room + 1
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
+        validate_embedded(cfg)
+
+
+def test_warm_start_sequences_must_fit_the_preset(monkeypatch):
+    """The warm start trains on prompt + trace + <eos>: a preset shorter than that is refused,
+    naming the presets that fit (no real preset is that short, so one is shortened here)."""
+    from suite.embedded.model import PRESETS
+
+    monkeypatch.setitem(PRESETS["tiny"], "max_seq_len", 150)
+    word3 = ["task=word", "task.difficulty=3", "rollout.max_new_tokens=8"]
+    with pytest.raises(ConfigError) as err:
+        compose_config(word3)  # 112 + 48 + 1 = 161 tokens
+    msg = str(err.value)
+    assert msg.startswith("model.preset:") and "161 tokens" in msg and "small, base, large, wide" in msg, msg
+    assert "warm_start.steps=0" in msg
+    compose_config([*word3, "warm_start.steps=0"])
+    monkeypatch.setitem(PRESETS["tiny"], "max_seq_len", 100)  # not even the prompt fits
+    with pytest.raises(ConfigError, match=r"^model.preset: tiny has max_seq_len 100, no room"):
+        compose_config([*word3, "warm_start.steps=0"])
+
+
+def test_task_checks_are_the_embedded_backends():
+    """verl's prompts come from its parquet files and its model from model_path: the embedded
+    task's bounds do not apply (a long response budget is verl's usual setting)."""
+    verl = ["backend=verl", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"]
+    cfg = compose_config([*verl, "rollout.max_new_tokens=4096", "task.difficulty=1"])
+    assert cfg.rollout.max_new_tokens == 4096
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
+        compose_config(["rollout.max_new_tokens=4096"])

@@ -72,7 +72,18 @@ ARITH_LEVELS: dict[int, Level] = {
     4: Level(n_steps=4, lo=0, hi=30, paren_prob=0.5, max_prompt_chars=28, max_response_chars=64),
 }
 
-_LEVELS: dict[str, dict[int, Level]] = {"arith": ARITH_LEVELS, "word": WORD_LEVELS}
+LEVELS: dict[str, dict[int, Level]] = {"arith": ARITH_LEVELS, "word": WORD_LEVELS}  # task -> difficulty -> level
+
+# Distinct held-out prompts at the levels whose prompt space is small enough for `task.n_eval` to
+# exceed it: make_split("eval") can return at most this many. Counted by enumerating every prompt
+# (tests/embedded/test_tasks.py recounts them). The other levels' spaces are too large to enumerate
+# (100k draws repeat fewer than 20% of their prompts): compose does not bound n_eval there, and
+# make_split still refuses an n beyond the split.
+HELD_OUT_PROMPTS: dict[tuple[str, int], int] = {("arith", 1): 75, ("arith", 2): 2917}
+
+# The operators that end a trace of each task, at every difficulty: the ones a flawed teacher can
+# skip (flawed_response acts on a trace's last equation). Arithmetic has no "/".
+FINAL_OPS: dict[str, str] = {"arith": "+-*", "word": "+-*/"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,10 +159,16 @@ _TEMPLATES = {"arith": (_arith_problem,), "word": WORD_TEMPLATES}
 DEFAULT_FLAW_OP: dict[str, str] = {"arith": "-", "word": "+"}
 
 
+def flaw_ops(task_name: str) -> tuple[str, ...]:
+    """The ``warm_start.flaw_op`` values of task ``task_name``: auto, none, and the operators
+    that end its traces (an operator that never does would leave the teacher clean)."""
+    return tuple(op for op in FLAW_OPS if len(op) > 1 or op in FINAL_OPS[task_name])
+
+
 def resolve_flaw_op(task_name: str, flaw_op: str) -> str:
     """``warm_start.flaw_op`` -> the operator the flawed teacher skips ("" for none)."""
-    if flaw_op not in FLAW_OPS:
-        raise ValueError(f"flaw_op={flaw_op!r}; allowed: {FLAW_OPS}")
+    if flaw_op not in flaw_ops(task_name):
+        raise ValueError(f"flaw_op={flaw_op!r} for task {task_name!r}; allowed: {flaw_ops(task_name)}")
     if flaw_op == "auto":
         return DEFAULT_FLAW_OP[task_name]
     return "" if flaw_op == "none" else flaw_op
@@ -217,9 +234,9 @@ class Task:
 def make_task(name: str, difficulty: int) -> Task:
     """The task ``name`` ("arith" | "word") at ``difficulty``: one of ``ARITH_LEVELS`` or
     ``WORD_LEVELS``."""
-    if name not in _LEVELS:
+    if name not in LEVELS:
         raise ValueError(f"unknown task {name!r}; allowed: {', '.join(TASK_NAMES)}")
-    levels = _LEVELS[name]
+    levels = LEVELS[name]
     if difficulty not in levels:
         raise ValueError(
             f"task {name!r} has no difficulty {difficulty!r}; allowed: {sorted(levels)}"

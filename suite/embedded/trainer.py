@@ -42,6 +42,7 @@ from suite.core.quant import QuantScheme
 from suite.embedded import parts
 from suite.embedded.actor import trainer_logprobs
 from suite.embedded.batch import Batch, concat_batches, select_rows
+from suite.embedded.config import TRAIN_POOL
 from suite.embedded.model import PRESETS, ModelConfig, Transformer
 from suite.embedded.tasks import make_split, make_task, resolve_flaw_op
 from suite.embedded.tokenizer import CharTokenizer
@@ -53,7 +54,6 @@ from suite.tracking.lock import run_lock
 from suite.tracking.loggers import JsonlLogger, MultiLogger, refuse_corrupt_jsonl
 
 EVAL_SEED = 10_007  # held-out prompts are the same for every run seed, so seeds compare on one set
-TRAIN_POOL = 20_000  # distinct training prompts per run seed
 EVAL_BATCH = 128  # held-out prompts decoded at once
 
 
@@ -102,6 +102,8 @@ class EmbeddedRun:
         preset = dict(PRESETS[cfg.model.preset])
         preset["vocab_size"] = self.tokenizer.vocab_size
         self.model_cfg = ModelConfig(**preset)
+        # compose refuses this first, from the level's prompt budget (suite.embedded.config); kept for
+        # configs built or changed by hand
         prompt_max = max(len(self.tokenizer.encode(e.prompt)) for e in self.train_pool[:2000] + self.eval_set)
         need = prompt_max + self.rollout.max_new_tokens
         if need > self.model_cfg.max_seq_len:

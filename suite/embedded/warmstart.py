@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from suite.core.losses import masked_mean
 from suite.embedded.batch import pack
+from suite.embedded.config import WARM_START_POOL
 from suite.embedded.model import ModelConfig, Transformer, response_logprobs
 from suite.embedded.tasks import flawed_response, make_split
 from suite.embedded.tokenizer import CharTokenizer
@@ -31,7 +32,6 @@ from suite.hardware import cpu_features
 from suite.tracking.atomic import atomic_write
 
 FORMAT_VERSION = 1  # bump when the SFT recipe changes, so stale caches are not reused
-POOL_SIZE = 20_000  # distinct training prompts drawn for the warm start
 
 
 def cache_key(model_cfg: ModelConfig, task_name: str, difficulty: int, tokenizer: CharTokenizer, **sft) -> str:
@@ -89,7 +89,7 @@ def train_warm_start(
     model = Transformer(model_cfg)
     if steps == 0:
         return model.state_dict(), {"sft_steps": 0}
-    pool = make_split(task, POOL_SIZE, seed, "train")
+    pool = make_split(task, WARM_START_POOL, seed, "train")
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     warmup = max(1, steps // 20)

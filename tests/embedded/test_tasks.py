@@ -6,6 +6,7 @@ re-evaluated from its text, and an arithmetic prompt is evaluated by Python's ow
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -23,10 +24,13 @@ from suite.embedded.tasks import (
     ARITH_LEVELS,
     DEFAULT_DIFFICULTY,
     EVAL_FRACTION,
+    FINAL_OPS,
+    HELD_OUT_PROMPTS,
     MAX_VALUE,
     WORD_LEVELS,
     Example,
     extract_answer,
+    flaw_ops,
     make_split,
     make_task,
     prompt_split,
@@ -290,6 +294,63 @@ def test_small_prompt_space():
     assert not {e.prompt for e in train} & {e.prompt for e in evals}
 
 
+def _arith_steps(nums: tuple[int, ...], ops: tuple[str, ...]) -> list[tuple[int, str, int, int]]:
+    """The steps of a parenthesis-free expression: each term's products, then + and - left to right
+    (the set of steps the generator records; their order does not matter to a count)."""
+    steps, terms, signs = [], [nums[0]], []
+    for op, x in zip(ops, nums[1:]):
+        if op == "*":
+            steps.append((terms[-1], "*", x, terms[-1] * x))
+            terms[-1] *= x
+        else:
+            signs.append(op)
+            terms.append(x)
+    value = terms[0]
+    for op, x in zip(signs, terms[1:]):
+        steps.append((value, op, x, value + x if op == "+" else value - x))
+        value = steps[-1][3]
+    return steps
+
+
+def _enumerate_arith_prompts(difficulty: int) -> set[str]:
+    """Every prompt of a parenthesis-free arith level: each operand in [lo, hi], each operator in
+    + - *, kept when every step's result is in [0, MAX_VALUE] and both texts fit the level's budgets."""
+    lvl = ARITH_LEVELS[difficulty]
+    assert lvl.paren_prob == 0.0
+    n = lvl.n_steps + 1
+    prompts = set()
+    for nums in itertools.product(range(lvl.lo, lvl.hi + 1), repeat=n):
+        for ops in itertools.product("+-*", repeat=n - 1):
+            prompt = str(nums[0]) + "".join(f"{op}{x}" for op, x in zip(ops, nums[1:])) + "="
+            steps = _arith_steps(nums, ops)
+            assert steps[-1][3] == eval(prompt[:-1], {"__builtins__": {}})  # noqa: S307
+            trace_chars = sum(len(f"{a}{op}{b}={r};") for a, op, b, r in steps) + len(f"#{steps[-1][3]}")
+            if (all(0 <= r <= MAX_VALUE for *_, r in steps) and len(prompt) <= lvl.max_prompt_chars
+                    and trace_chars <= lvl.max_response_chars):
+                prompts.add(prompt)
+    return prompts
+
+
+@pytest.mark.parametrize("key", sorted(HELD_OUT_PROMPTS))
+def test_held_out_prompt_counts_are_the_enumerated_ones(key):
+    """compose bounds task.n_eval by HELD_OUT_PROMPTS (suite.embedded.config): recount it."""
+    name, difficulty = key
+    prompts = _enumerate_arith_prompts(difficulty)
+    task = make_task(name, difficulty)
+    # the enumeration is the sampler's space: every sampled prompt is in it
+    assert {e.prompt for e in draw(name, difficulty, seed=1, n=2000)} <= prompts
+    assert sum(prompt_split(p) == "eval" for p in prompts) == HELD_OUT_PROMPTS[key]
+    assert key != ("arith", 1) or len(prompts) == 429  # make_split's docstring and test_small_prompt_space
+    assert len(make_split(task, 50, seed=0, split="eval")) == 50
+
+
+@pytest.mark.parametrize("name,difficulty", ALL_LEVELS)
+def test_final_ops_are_the_operators_that_end_traces(name, difficulty):
+    """warm_start.flaw_op is refused for an operator no trace of the task ends with (FINAL_OPS)."""
+    final = {parse_trace(e.response)[0][-1][1] for e in draw(name, difficulty, seed=2, n=1500)}
+    assert final == set(FINAL_OPS[name])
+
+
 def test_sample_split_streams_one_split():
     task, rng = make_task("arith", 1), random.Random(0)
     exs = [sample_split(task, rng, "eval") for _ in range(200)]
@@ -371,5 +432,9 @@ def test_flaw_op_auto_and_errors():
     assert resolve_flaw_op("arith", "none") == "" and resolve_flaw_op("word", "*") == "*"
     with pytest.raises(ValueError, match="allowed"):
         resolve_flaw_op("arith", "%")
+    # an operator no arith trace ends with would leave the teacher clean
+    assert flaw_ops("arith") == ("auto", "none", "+", "-", "*") and resolve_flaw_op("word", "/") == "/"
+    with pytest.raises(ValueError, match="'arith'; allowed"):
+        resolve_flaw_op("arith", "/")
     with pytest.raises(ValueError, match="not a trace"):
         flawed_response("no equations here", "+")
