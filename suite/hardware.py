@@ -26,7 +26,7 @@ _ONEDNN_AVX2_OR_LESS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
 _ONEDNN_AVX2_VNNI = ("AVX2_VNNI", "AVX2_VNNI_2")  # caps that still allow oneDNN's 256-bit VNNI kernels
 
 
-def _proc_cpu_flags() -> frozenset[str]:
+def proc_cpu_flags() -> frozenset[str]:
     """The first CPU's flags in /proc/cpuinfo (Linux); empty where there is none. For the flags
     torch has no predicate for (``avx_vnni``)."""
     try:
@@ -84,7 +84,7 @@ def cpu_features() -> CpuFeatures:
         caps.append(f"ATEN_CPU_CAPABILITY={aten}")
     if onednn in _ONEDNN_AVX2_OR_LESS:
         caps.append(f"ONEDNN_MAX_CPU_ISA={onednn}")
-    avx_vnni = "avx_vnni" in _proc_cpu_flags()
+    avx_vnni = "avx_vnni" in proc_cpu_flags()
     if caps:
         # an AVX2_VNNI cap still lets oneDNN use 256-bit VNNI (only oneDNN runs int8 dot products)
         return CpuFeatures(False, False, False, capped=", ".join(caps),

@@ -33,6 +33,7 @@ from suite.bench.common import (
     spread,
 )
 from suite.bench.vllm_peer import VLLM_PYTHON
+from suite.hardware import cpu_features
 
 DTYPES = ("fp32", "bf16", "int8")  # int8: our W8A8 engine against vLLM's (HF has no W8A8 CPU path)
 COLUMNS = ("model", "batch", "group_size", "new_tokens", "dtype", "kernels", "ours_tokens_per_s", "hf_tokens_per_s",
@@ -138,6 +139,10 @@ def run_peer(models, batches, new_tokens: int, dtypes, *, prompt_len: int, repea
                         vllm = VllmPeer(vllm_python, folder, export_model(model, folder, dt), prompts, new_tokens,
                                         threads)
                         note(f"  vLLM {vllm.version} ready ({vllm.init_s:.0f} s to start)")
+                        if dt == "int8" and not cpu_features().int8_dot_exact:
+                            # docs/verl.md, "vLLM's CPU build on each CPU kind"
+                            note("  vLLM's int8 here is oneDNN's saturating int16 kernel (no VNNI / AMX): "
+                                 "not W8A8, so its row's agreement columns compare two computations")
                         fns["vllm"] = vllm.generate
                     try:
                         row = _measure(fns, engine, hf, ids, prompts, new_tokens, repeats, warmup, vllm)

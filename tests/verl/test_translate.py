@@ -313,13 +313,13 @@ def test_an_isa_cap_below_vnni_refuses_vllm_cpu_int8(verl_paths, monkeypatch):
     """With oneDNN capped at AVX2 (how an AVX2-only CPU's kernels are reproduced on a VNNI one,
     docs/architecture.md "CPU kinds") vLLM's int8 GEMM saturates, so int8 is refused; the
     AVX2_VNNI cap keeps a CPU's AVX-VNNI, and so int8, where the CPU has it."""
-    from suite.hardware import _proc_cpu_flags
+    from suite.hardware import proc_cpu_flags
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     with pytest.raises(ConfigError, match=r"quant.precision: 'int8' is not served .*saturating int16"):
         compose_config(verl_paths + ["quant=int8", "backend.device=cpu"])
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2_VNNI")
-    if "avx_vnni" in _proc_cpu_flags():
+    if "avx_vnni" in proc_cpu_flags():
         compose_config(verl_paths + ["quant=int8", "backend.device=cpu"])
     else:
         with pytest.raises(ConfigError, match=r"'int8' is not served"):

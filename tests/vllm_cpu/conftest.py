@@ -20,6 +20,31 @@ if HAVE_VLLM:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+# SUITE_VLLM_CPU_EMULATE=avx2 | avx2_vnni: run vLLM's kernels of an AVX2 CPU without AVX-512 or AMX
+# (avx2: no VNNI, e.g. AMD EPYC Zen 2/3; avx2_vnni: with AVX-VNNI, e.g. Intel Alder Lake) on a CPU that
+# has more, in this process (docs/architecture.md, "CPU kinds"). vLLM picks its kernel library and
+# GEMMs from torch's CPU predicates (vllm/platforms/cpu.py import_kernels: _C_AVX2;
+# vllm/model_executor/layers/utils.py check_cpu_sgl_kernel: no AMX GEMMs) and oneDNN picks its own
+# from CPUID, capped by ONEDNN_MAX_CPU_ISA. With both lowered, the float32 parity numbers equal those
+# measured on a real AVX2-only EPYC to the printed digits (|vLLM int8 - W8A8| mean 8.115e-02, max
+# 3.031e-01). Engines run in this process (above), so the predicates reach them; subprocess peers
+# (suite.bench.vllm_peer) do not see them, and their tests skip.
+EMULATE = os.environ.get("SUITE_VLLM_CPU_EMULATE", "")
+EMULATED_ISA = {"avx2": "AVX2", "avx2_vnni": "AVX2_VNNI"}  # -> oneDNN's cap
+if EMULATE not in ("", *EMULATED_ISA):
+    raise pytest.UsageError(f"SUITE_VLLM_CPU_EMULATE={EMULATE!r}; allowed: {', '.join(EMULATED_ISA)} (or unset)")
+if HAVE_VLLM and EMULATE:
+    from suite.hardware import proc_cpu_flags
+
+    if EMULATE == "avx2_vnni" and "avx_vnni" not in proc_cpu_flags():
+        raise pytest.UsageError("SUITE_VLLM_CPU_EMULATE=avx2_vnni needs a CPU with AVX-VNNI (avx_vnni in /proc/cpuinfo)")
+    os.environ["ONEDNN_MAX_CPU_ISA"] = EMULATED_ISA[EMULATE]  # read by oneDNN at its first primitive, after this
+    import torch
+
+    for _name in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_vnni_supported",
+                  "_is_amx_tile_supported", "_is_amx_fp16_supported"):
+        setattr(torch.cpu, _name, lambda: False)
+
 
 def pytest_collection_modifyitems(config, items):
     here = os.path.dirname(__file__)

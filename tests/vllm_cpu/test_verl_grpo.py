@@ -2,7 +2,7 @@
 
 2 steps of a tiny random Llama (tests/vllm_cpu/vllm_tiny.py) on the suite's arith task (its
 parquet written here from suite.embedded.tasks, scored by the task's own ``verify``), INT8
-rollouts on vLLM CPU with the suite's weight-sync hook, the suite's ACR loss from the plugin.
+rollouts on vLLM CPU with the suite's weight-sync hook (bf16 where vLLM CPU does not serve INT8), the suite's ACR loss from the plugin.
 About 6 minutes on 2 cores; every verl process runs under the subprocess timeout below (a failing
 verl run hangs rather than exits). The random model never answers right, so rewards are 0: the
 run checks the mechanics and where the metrics land, not learning.
@@ -21,6 +21,19 @@ import pytest
 from vllm_tiny import NUMBERS, save_hf, tiny_model
 
 RUN_TIMEOUT_S = 840  # under the 900 s per-test limit of conftest.py
+
+
+def _precision() -> str:
+    """INT8 where vLLM's CPU build serves it on this CPU (a VNNI dot product or AMX), else bf16: on
+    an AVX2-only CPU `quant=int8` is refused at compose (its oneDNN kernel saturates: docs/verl.md,
+    "vLLM's CPU build on each CPU kind"; tests/verl/test_translate.py checks the refusal)."""
+    from suite.hardware import cpu_features
+    from suite.verl.rollout_quant import vllm_cpu_precisions
+
+    return "int8" if "int8" in vllm_cpu_precisions(cpu_features()) else "bf16"
+
+
+PRECISION = _precision()
 
 REWARD = '''
 from suite.embedded.tasks import make_task
@@ -65,7 +78,7 @@ def test_verl_grpo_two_steps_on_vllm_cpu(tmp_path):
         f"backend.model_path={model}", f"backend.train_files={paths['train']}", f"backend.val_files={paths['eval']}",
         f"backend.reward_fn_path={tmp_path / 'reward.py'}", "backend.n_gpus_per_node=1",
         f"backend.max_prompt_length={task.max_prompt_chars + 2}", "backend.micro_batch_size_per_gpu=4",
-        "backend.max_num_batched_tokens=512", "quant=int8", "correction=acr", "algo=grpo",
+        "backend.max_num_batched_tokens=512", f"quant={PRECISION}", "correction=acr", "algo=grpo",
         "rollout.prompts_per_step=4", "algo.group_size=2", "rollout.max_new_tokens=8", "train.minibatches=1",
         "steps=2", "eval_every=2", "ckpt_every=100", "uaq.s=1.0", f"out_dir={tmp_path / 'runs'}",
         f"tracking.tracking_uri={uri}",
@@ -78,7 +91,7 @@ def test_verl_grpo_two_steps_on_vllm_cpu(tmp_path):
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     r = runs[0]
-    assert (r.data.tags["precision"], r.data.tags["correction"]) == ("int8", "acr")
+    assert (r.data.tags["precision"], r.data.tags["correction"]) == (PRECISION, "acr")
     for key in ("rollout_corr/kl", "timing_s/step", "timing_s/update_weights", "actor/pg_loss",
                 "actor/acr_relaxed_frac", "val-core/arith/acc/mean_at_1"):
         assert key in r.data.metrics, key
@@ -100,7 +113,7 @@ def _embedded_run_beside(tmp_path, uri, verl_run):
     from suite.report.tables import kl_table
 
     cfg = compose_config([
-        "quant=int8", "correction=acr", "algo=grpo", "uaq.s=1.0", "steps=2", "eval_every=2", "ckpt_every=2",
+        f"quant={PRECISION}", "correction=acr", "algo=grpo", "uaq.s=1.0", "steps=2", "eval_every=2", "ckpt_every=2",
         "rollout.prompts_per_step=4", "algo.group_size=2", "rollout.max_new_tokens=8", "task.difficulty=1",
         "task.n_eval=8", "warm_start.steps=20", "warm_start.batch_size=8", "threads=1",
         f"warm_start.cache_dir={tmp_path / 'warm'}", f"out_dir={tmp_path / 'runs'}", f"tracking.tracking_uri={uri}",

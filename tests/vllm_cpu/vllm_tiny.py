@@ -107,6 +107,35 @@ def torch_logprobs(forward, seqs: list[list[int]]) -> torch.Tensor:
     return torch.stack(rows)  # [N, T-1]
 
 
+INT8_KERNELS = ("sgl-amx", "onednn-vnni", "onednn-saturating")
+
+
+def int8_kernel() -> str:
+    """The kernel vLLM's CPU build runs for a W8A8 INT8 linear on this CPU, chosen as vLLM chooses
+    it (vllm/model_executor/kernels/linear/scaled_mm/cpu.py and layers/utils.py
+    ``check_cpu_sgl_kernel`` at v0.31.0; docs/verl.md, "vLLM's CPU INT8 without VNNI"):
+
+    - ``sgl-amx``: sgl-kernel's AMX GEMM (``int8_scaled_mm_with_quant``); bf16 / fp16 activations
+      only, so a float32 engine cannot run an INT8 checkpoint there;
+    - ``onednn-vnni``: oneDNN's s8 x s8 matmul with a VNNI dot product: exact int32 sums;
+    - ``onednn-saturating``: the same without VNNI (AVX2-only CPUs): u8 x s8 product pairs summed in
+      saturating int16 (``vpmaddubsw``), not W8A8 arithmetic.
+    """
+    from suite.hardware import cpu_features
+
+    if torch.cpu._is_amx_tile_supported():
+        return "sgl-amx"
+    return "onednn-vnni" if cpu_features().int8_dot_exact else "onednn-saturating"
+
+
+# Where vLLM's float32 engine cannot be used: on the AMX kind (an Intel Xeon with AMX, 2 vCPUs) the
+# AVX-512 kernel libraries (vllm._C, vllm._C_AVX512) corrupt the heap in a float32 prefill of 8 x 36
+# tokens in 8 of 10 runs (glibc: "double free or corruption" / "free(): invalid next size"), under every
+# oneDNN cap; its AVX2 library (SUITE_VLLM_CPU_EMULATE) did not in 5 of 5, nor did the AVX-512 one on an
+# AVX-512 VNNI/BF16 EPYC without AMX (docs/verl.md, "vLLM's CPU build on each CPU kind").
+FP32_ENGINE_BROKEN = ("vLLM's AVX-512 kernel library corrupts the heap in float32 prefills on AMX CPUs "
+                      "(docs/verl.md)") if torch.cpu._is_amx_tile_supported() else ""
+
 NUMBERS: list[str] = []  # measured values the tests report; printed at the end of the run (conftest.py)
 
 
