@@ -39,10 +39,22 @@ def _median_k3(cfg):
 
 
 def test_paper_regime_rolls_out_with_more_mismatch_than_the_default(tmp_path):
-    """Median rollout_corr/k3_kl over 3 RL steps of the tests' tiny run (warm start of 150
-    steps): measured 4.1e-5 by default (INT8, T = 1) and 3.5e-3 under the regime (W4A16, T = 1.5)."""
+    """Median rollout_corr/k3_kl over 3 RL steps of the tests' tiny run (warm start of 150 steps),
+    default (INT8, T = 1) / regime=paper (W4A16, T = 1.5), measured on each CPU kind
+    (docs/architecture.md, "CPU kinds"):
+
+    - AVX-512 VNNI/BF16 EPYC: 4.1e-5 / 3.5e-3 (85x)
+    - AVX-512 + AMX Xeon: 3.4e-5 / 9.7e-4 (29x)
+    - AVX2-only EPYC: 1.10e-4 / 1.05e-3 (9.6x); on the AMX Xeon capped to AVX2
+      (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2): 1.09e-4 / 1.39e-3 (12.8x)
+
+    The kinds differ by up to 3.6x in the regime's level and 3.3x in the default's (bf16 native or
+    emulated, the warm start's float order). The bounds hold on each with margin: the regime at
+    least 3x the default (the smallest ratio measured, 9.6x, is 3.2x above it) and at least 5e-4,
+    a quarter of QuRL's starting KL of 0.002 (the smallest level measured, 9.7e-4, is 1.9x above)."""
     steps = ["steps=3", "eval_every=3", "uaq.s=1.0"]
     default = _median_k3(tiny_cfg(tmp_path / "default", *steps))
     paper = _median_k3(tiny_cfg(tmp_path / "paper", *steps, "regime=paper"))
     print(f"median k3_kl: default {default:.3g}, regime=paper {paper:.3g}")
-    assert paper > 10 * default, (default, paper)
+    assert paper > 3 * default, (default, paper)
+    assert paper > 5e-4, (default, paper)
