@@ -256,13 +256,13 @@ def register_backend(name: str, node: Any, check: Callable[[DictConfig], None]) 
     BACKEND_CHECKS[name] = check
 
 
-def _choice(cfg: DictConfig, key: str, allowed: tuple) -> None:
+def check_choice(cfg: DictConfig, key: str, allowed: tuple) -> None:
     value = OmegaConf.select(cfg, key)
     if value not in allowed:
         raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
 
 
-def _number(cfg: DictConfig, key: str, lo: float | None = None, hi: float | None = None,
+def check_number(cfg: DictConfig, key: str, lo: float | None = None, hi: float | None = None,
             lo_open: bool = False, hi_open: bool = False) -> None:
     """``key`` is a finite real number in the interval [lo, hi] (open at an end when asked)."""
     value = OmegaConf.select(cfg, key)
@@ -283,7 +283,7 @@ def _number(cfg: DictConfig, key: str, lo: float | None = None, hi: float | None
     _check(ok, key, f"must be {kind}{domain}, got {value!r}")
 
 
-def _text(cfg: DictConfig, key: str) -> None:
+def check_text(cfg: DictConfig, key: str) -> None:
     value = OmegaConf.select(cfg, key)
     _check(isinstance(value, str) and value.strip() != "", key, f"must be a non-empty string, got {value!r}")
 
@@ -314,80 +314,80 @@ def _check_known_keys(cfg: DictConfig, node: Any = None, prefix: str = "") -> No
 def validate(cfg: DictConfig) -> None:
     """Reject bad values and impossible combinations, naming the full key and allowed values."""
     _check_known_keys(cfg)
-    _choice(cfg, "backend.name", BACKENDS)
-    _choice(cfg, "model.preset", MODEL_PRESETS)
-    _choice(cfg, "task.name", TASKS)
-    _choice(cfg, "quant.precision", PRECISIONS)
-    _choice(cfg, "quant.fp8_granularity", FP8_GRANULARITIES)
-    _choice(cfg, "correction.mode", CORRECTIONS)
-    _choice(cfg, "algo.name", ALGOS)
-    _choice(cfg, "algo.agg", AGGS)
-    _choice(cfg, "algo.kl_estimator", KL_ESTIMATORS)
-    _choice(cfg, "train.autocast", AUTOCASTS)
-    _choice(cfg, "quant.kernels", KERNEL_CHOICES)
-    _choice(cfg, "quant.bf16_kernels", KERNEL_CHOICES)
-    _number(cfg, "uaq.s", 0, lo_open=True)
-    _number(cfg, "uaq.group_lr_s", 0, lo_open=True)
+    check_choice(cfg, "backend.name", BACKENDS)
+    check_choice(cfg, "model.preset", MODEL_PRESETS)
+    check_choice(cfg, "task.name", TASKS)
+    check_choice(cfg, "quant.precision", PRECISIONS)
+    check_choice(cfg, "quant.fp8_granularity", FP8_GRANULARITIES)
+    check_choice(cfg, "correction.mode", CORRECTIONS)
+    check_choice(cfg, "algo.name", ALGOS)
+    check_choice(cfg, "algo.agg", AGGS)
+    check_choice(cfg, "algo.kl_estimator", KL_ESTIMATORS)
+    check_choice(cfg, "train.autocast", AUTOCASTS)
+    check_choice(cfg, "quant.kernels", KERNEL_CHOICES)
+    check_choice(cfg, "quant.bf16_kernels", KERNEL_CHOICES)
+    check_number(cfg, "uaq.s", 0, lo_open=True)
+    check_number(cfg, "uaq.group_lr_s", 0, lo_open=True)
     s, gs = cfg.uaq.s, cfg.uaq.group_lr_s
     _check(gs == 1.0 or s == 1.0, "uaq.group_lr_s",
            f"is the per-group-learning-rate control for UAQ (uaq.s=1.0 with the rates uaq.s={gs:g} implies); "
            f"with uaq.s={s:g} set one of them to 1.0")
-    _number(cfg, "task.difficulty", 1, 4)
-    _number(cfg, "task.n_eval", 1)
+    check_number(cfg, "task.difficulty", 1, 4)
+    check_number(cfg, "task.n_eval", 1)
     _check(cfg.task.eval_samples == 0 or cfg.task.eval_samples >= 2, "task.eval_samples",
            f"must be 0 (off) or >= 2 (mean@1 is the rollout.eval_temperature accuracy), got {cfg.task.eval_samples}")
-    _number(cfg, "quant.block_size", 1)
-    _number(cfg, "quant.group_size", 2)
-    _number(cfg, "algo.group_size", 1)
-    _number(cfg, "algo.clip_low", 0, 1, lo_open=True, hi_open=True)
-    _number(cfg, "algo.clip_high", 0, lo_open=True)
+    check_number(cfg, "quant.block_size", 1)
+    check_number(cfg, "quant.group_size", 2)
+    check_number(cfg, "algo.group_size", 1)
+    check_number(cfg, "algo.clip_low", 0, 1, lo_open=True, hi_open=True)
+    check_number(cfg, "algo.clip_high", 0, lo_open=True)
     if cfg.algo.dual_clip is not None:
-        _number(cfg, "algo.dual_clip", 1, lo_open=True)  # verl clip_ratio_c, or null
-    _number(cfg, "algo.kl_coef", 0)
-    _number(cfg, "algo.gamma", 0, 1)
-    _number(cfg, "algo.lam", 0, 1)
-    _number(cfg, "algo.critic_lr", 0, lo_open=True)
-    _number(cfg, "algo.value_clip", 0, lo_open=True)
-    _number(cfg, "algo.max_resample_rounds", 0)
-    _number(cfg, "algo.overlong_buffer", 0)
-    _number(cfg, "algo.overlong_penalty", 0)
-    _number(cfg, "correction.tis_cap", 1)
-    _number(cfg, "correction.tbpo_seq_cap", 1)
+        check_number(cfg, "algo.dual_clip", 1, lo_open=True)  # verl clip_ratio_c, or null
+    check_number(cfg, "algo.kl_coef", 0)
+    check_number(cfg, "algo.gamma", 0, 1)
+    check_number(cfg, "algo.lam", 0, 1)
+    check_number(cfg, "algo.critic_lr", 0, lo_open=True)
+    check_number(cfg, "algo.value_clip", 0, lo_open=True)
+    check_number(cfg, "algo.max_resample_rounds", 0)
+    check_number(cfg, "algo.overlong_buffer", 0)
+    check_number(cfg, "algo.overlong_penalty", 0)
+    check_number(cfg, "correction.tis_cap", 1)
+    check_number(cfg, "correction.tbpo_seq_cap", 1)
     for k in ("tbpo_delta_pos", "tbpo_delta_neg_high"):
-        _number(cfg, f"correction.{k}", 0, lo_open=True)
-    _number(cfg, "correction.tbpo_delta_neg_low", 0, 1, lo_open=True, hi_open=True)
-    _number(cfg, "rollout.prompts_per_step", 1)
-    _number(cfg, "rollout.max_new_tokens", 1)
+        check_number(cfg, f"correction.{k}", 0, lo_open=True)
+    check_number(cfg, "correction.tbpo_delta_neg_low", 0, 1, lo_open=True, hi_open=True)
+    check_number(cfg, "rollout.prompts_per_step", 1)
+    check_number(cfg, "rollout.max_new_tokens", 1)
     # > 0: RL log-probs need a proper (tempered) distribution
-    _number(cfg, "rollout.temperature", 0, lo_open=True)
-    _number(cfg, "rollout.top_p", 0, 1, lo_open=True)
-    _number(cfg, "rollout.eval_temperature", 0)
-    _number(cfg, "train.lr", 0, lo_open=True)
-    _number(cfg, "train.weight_decay", 0)
+    check_number(cfg, "rollout.temperature", 0, lo_open=True)
+    check_number(cfg, "rollout.top_p", 0, 1, lo_open=True)
+    check_number(cfg, "rollout.eval_temperature", 0)
+    check_number(cfg, "train.lr", 0, lo_open=True)
+    check_number(cfg, "train.weight_decay", 0)
     betas = cfg.train.betas
     _check(betas is not None and len(betas) == 2, "train.betas", f"must be a list of two numbers [beta1, beta2], got "
            f"{OmegaConf.to_container(betas) if betas is not None else None}")
     for i in range(2):
-        _number(cfg, f"train.betas.{i}", 0, 1, hi_open=True)  # torch.optim.AdamW: 0 <= beta < 1
+        check_number(cfg, f"train.betas.{i}", 0, 1, hi_open=True)  # torch.optim.AdamW: 0 <= beta < 1
     # > 0: torch's clip_grad_norm_ with a negative max norm flips every gradient (gradient ascent)
-    _number(cfg, "train.grad_clip", 0, lo_open=True)
-    _number(cfg, "train.epochs", 1)
-    _number(cfg, "train.minibatches", 1)
-    _number(cfg, "seed", 0, _SEED_LIMIT, hi_open=True)
-    _number(cfg, "steps", 1)
-    _number(cfg, "eval_every", 1)
-    _number(cfg, "ckpt_every", 1)
-    _number(cfg, "threads", 0)
-    _text(cfg, "out_dir")
-    _number(cfg, "warm_start.steps", 0)
-    _number(cfg, "warm_start.batch_size", 1)
-    _number(cfg, "warm_start.lr", 0, lo_open=True)
-    _number(cfg, "warm_start.seed", 0, _SEED_LIMIT, hi_open=True)
-    _choice(cfg, "warm_start.flaw_op", FLAW_OPS)
-    _number(cfg, "warm_start.flaw_prob", 0, 1)
-    _text(cfg, "warm_start.cache_dir")
-    _text(cfg, "tracking.experiment")
-    _text(cfg, "tracking.tracking_uri")
+    check_number(cfg, "train.grad_clip", 0, lo_open=True)
+    check_number(cfg, "train.epochs", 1)
+    check_number(cfg, "train.minibatches", 1)
+    check_number(cfg, "seed", 0, _SEED_LIMIT, hi_open=True)
+    check_number(cfg, "steps", 1)
+    check_number(cfg, "eval_every", 1)
+    check_number(cfg, "ckpt_every", 1)
+    check_number(cfg, "threads", 0)
+    check_text(cfg, "out_dir")
+    check_number(cfg, "warm_start.steps", 0)
+    check_number(cfg, "warm_start.batch_size", 1)
+    check_number(cfg, "warm_start.lr", 0, lo_open=True)
+    check_number(cfg, "warm_start.seed", 0, _SEED_LIMIT, hi_open=True)
+    check_choice(cfg, "warm_start.flaw_op", FLAW_OPS)
+    check_number(cfg, "warm_start.flaw_prob", 0, 1)
+    check_text(cfg, "warm_start.cache_dir")
+    check_text(cfg, "tracking.experiment")
+    check_text(cfg, "tracking.tracking_uri")
     uri = cfg.tracking.tracking_uri
     scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", uri)
     if scheme and not re.match(r"^[A-Za-z]:[\\/]", uri):  # C:\... is a path, not a scheme
@@ -395,7 +395,7 @@ def validate(cfg: DictConfig) -> None:
         _check(base in _TRACKING_SCHEMES, "tracking.tracking_uri",
                f"must be a local directory or an MLflow URI with one of the schemes {', '.join(_TRACKING_SCHEMES)}, "
                f"got {uri!r}")
-    _number(cfg, "tracking.console_every", 0)
+    check_number(cfg, "tracking.console_every", 0)
 
     algo = cfg.algo.name
     if algo in ("grpo", "dapo"):

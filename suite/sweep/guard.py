@@ -58,10 +58,10 @@ def job_target(name: str, job, run_dir: str) -> Target:
         listed = _squeue_lists(str(job.job_id))
         if listed is not None:
             return listed
-        from suite.sweep.states import _SLURM_PENDING, _SLURM_RUNNING, _sacct
+        from suite.sweep.states import SLURM_PENDING, SLURM_RUNNING, sacct
 
-        state = _sacct([str(job.job_id)]).get(str(job.job_id), "PENDING")  # not in sacct yet: queued
-        return state in _SLURM_RUNNING | _SLURM_PENDING
+        state = sacct([str(job.job_id)]).get(str(job.job_id), "PENDING")  # not in sacct yet: queued
+        return state in SLURM_RUNNING | SLURM_PENDING
 
     return Target(name, lambda: job.cancel(check=False), alive, run_dir)
 
@@ -230,7 +230,7 @@ def sweep_targets(sweep, live: dict, states: list | None) -> list[Target]:
     scheduler's, queued on purpose: they are left alone."""
     from pathlib import Path
 
-    from suite.sweep.states import SUBMITIT_DIR, _pid_alive, latest_records
+    from suite.sweep.states import SUBMITIT_DIR, pid_alive, latest_records
 
     cells = {c.index: c for c in sweep.cells}
     out = [job_target(f"cell {i}", job, cells[i].run_dir) for i, job in sorted(live.items())
@@ -243,7 +243,7 @@ def sweep_targets(sweep, live: dict, states: list | None) -> list[Target]:
             rec = recs.get(s.cell.index, {})
             if rec.get("launcher") == "local" and str(rec.get("job_id", "")).isdigit():
                 pid = int(rec["job_id"])
-                out.append(pid_target(f"cell {s.cell.index}", pid, lambda p=pid: _pid_alive(p, folder),
+                out.append(pid_target(f"cell {s.cell.index}", pid, lambda p=pid: pid_alive(p, folder),
                                       s.cell.run_dir))
     return out
 
@@ -252,11 +252,11 @@ def record_cancelled(sweep, targets: list[Target]) -> None:
     """A `cancelled` line per stopped cell in jobs.jsonl, so `suite status` says what happened."""
     from pathlib import Path
 
-    from suite.sweep.states import JOBS_FILE, _append_json, latest_records
+    from suite.sweep.states import JOBS_FILE, append_json, latest_records
 
     by_dir = {c.run_dir: c for c in sweep.cells}
     recs = latest_records(sweep)
     for t in targets:
         cell = by_dir.get(t.run_dir)
         if cell is not None and cell.index in recs and not is_finished(cell.run_dir):
-            _append_json(Path(sweep.state_dir) / JOBS_FILE, {**recs[cell.index], "cancelled": True, "time": time.time()})
+            append_json(Path(sweep.state_dir) / JOBS_FILE, {**recs[cell.index], "cancelled": True, "time": time.time()})

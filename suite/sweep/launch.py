@@ -24,14 +24,14 @@ from suite.sweep.guard import Driver, record_cancelled, sweep_targets
 from suite.sweep.parent import log_parent_artifacts, parent_run, set_parent_status
 from suite.sweep.spec import Cell, Sweep, SweepError
 from suite.sweep.states import (
-    _SLURM_RUNNING,
+    SLURM_RUNNING,
     JOBS_FILE,
     STATES,
     SUBMITIT_DIR,
     CellState,
-    _append_json,
-    _pid_alive,
-    _sacct,
+    append_json,
+    pid_alive,
+    sacct,
     cell_states,
     latest_records,
     print_states,
@@ -68,7 +68,7 @@ def _submit(sweep: Sweep, executor, cells: list[Cell], parent_id: str) -> dict[i
     launcher = "local" if type(executor).__name__ == "LocalExecutor" else "slurm"
     path = Path(sweep.state_dir) / JOBS_FILE
     for c, j in zip(cells, jobs):
-        _append_json(path, {"cell": c.index, "run_id": c.run_id, "job_id": str(j.job_id), "launcher": launcher,
+        append_json(path, {"cell": c.index, "run_id": c.run_id, "job_id": str(j.job_id), "launcher": launcher,
                             "host": socket.gethostname(), "time": time.time()})
     if launcher == "slurm":
         _name_tasks(sweep, cells, jobs)
@@ -278,22 +278,22 @@ def cancel(sweep: Sweep, stream=None) -> int:
     if slurm_ids:
         subprocess.run(["scancel", *slurm_ids], check=False, timeout=60)
     for s in targets:
-        if recs[s.cell.index].get("launcher") == "local" and _pid_alive(int(s.job_id), folder):
+        if recs[s.cell.index].get("launcher") == "local" and pid_alive(int(s.job_id), folder):
             os.kill(int(s.job_id), signal.SIGINT)  # the controller stops its task (submitit's cancel)
     path = Path(sweep.state_dir) / JOBS_FILE
     for s in targets:
         rec = dict(recs[s.cell.index])
         rec.update(cancelled=True, time=time.time())
-        _append_json(path, rec)
+        append_json(path, rec)
     # Wait until the jobs are gone, then end their MLflow runs as KILLED.
     deadline = time.time() + 120
     while time.time() < deadline:
         still = []
         if slurm_ids:
-            sa = _sacct(slurm_ids)
-            still = [j for j in slurm_ids if sa.get(j, "PENDING") in _SLURM_RUNNING | {"PENDING", "REQUEUED"}]
+            sa = sacct(slurm_ids)
+            still = [j for j in slurm_ids if sa.get(j, "PENDING") in SLURM_RUNNING | {"PENDING", "REQUEUED"}]
         still += [s.job_id for s in targets if recs[s.cell.index].get("launcher") == "local"
-                  and _pid_alive(int(s.job_id), folder)]
+                  and pid_alive(int(s.job_id), folder)]
         if not still:
             break
         time.sleep(1.0)

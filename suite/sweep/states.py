@@ -31,8 +31,8 @@ PARENT_FILE = "parent_run.json"
 SUBMITIT_DIR = "submitit"
 
 # SLURM job states (sacct) -> cell states
-_SLURM_PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED", "PREEMPTED"}
-_SLURM_RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "RESIZING", "SIGNALING"}
+SLURM_PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED", "PREEMPTED"}
+SLURM_RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "RESIZING", "SIGNALING"}
 _SLURM_FAILED = {"FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "COMPLETED"}
 STATES = ("done", "running", "pending", "failed", "cancelled", "interrupted", "missing")
 
@@ -40,7 +40,7 @@ STATES = ("done", "running", "pending", "failed", "cancelled", "interrupted", "m
 # --------------------------------------------------------------------------- state dir
 
 
-def _append_json(path: Path, obj: dict) -> None:
+def append_json(path: Path, obj: dict) -> None:
     append_job(path, obj)
 
 
@@ -110,7 +110,7 @@ def _result(folder: Path, job_id: str) -> tuple[str, object] | None:
         return None
 
 
-def _pid_alive(pid: int, folder: Path) -> bool:
+def pid_alive(pid: int, folder: Path) -> bool:
     """Whether `pid` is a live (not zombie) submitit local controller of this sweep."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -123,7 +123,7 @@ def _pid_alive(pid: int, folder: Path) -> bool:
     return "submitit.local._local" in cmd and str(folder) in cmd
 
 
-def _sacct(job_ids: list[str]) -> dict[str, str]:
+def sacct(job_ids: list[str]) -> dict[str, str]:
     """job id (`123_4`) -> first word of its SLURM state, from one sacct call."""
     if not job_ids:
         return {}
@@ -184,7 +184,7 @@ def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
     recs = latest_records(sweep)
     folder = Path(sweep.state_dir) / SUBMITIT_DIR
     slurm_ids = [r["job_id"] for r in recs.values() if r.get("launcher") == "slurm" and not r.get("cancelled")]
-    sacct = _sacct(slurm_ids)
+    slurm_states = sacct(slurm_ids)
     out = []
     for c in sweep.cells:
         st = CellState(cell=c, state="missing", step=_last_step(c.run_dir))
@@ -210,7 +210,7 @@ def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
             st.state = "done"  # summary.json appears with the result
         elif rec.get("launcher") == "local":
             job = (live_jobs or {}).get(c.index)
-            alive = job.state == "RUNNING" if job is not None else _pid_alive(int(st.job_id), folder)
+            alive = job.state == "RUNNING" if job is not None else pid_alive(int(st.job_id), folder)
             if alive:
                 st.state = "running"
             elif (res := _result(folder, st.job_id)) is not None:  # it ended between the two checks
@@ -222,10 +222,10 @@ def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
                 if err:
                     st.state, st.error = "failed", err
         else:
-            s = sacct.get(st.job_id, "PENDING")  # not in sacct yet: just submitted
-            if s in _SLURM_RUNNING:
+            s = slurm_states.get(st.job_id, "PENDING")  # not in sacct yet: just submitted
+            if s in SLURM_RUNNING:
                 st.state = "running"
-            elif s in _SLURM_PENDING:
+            elif s in SLURM_PENDING:
                 st.state = "pending"
             elif s == "CANCELLED":
                 st.state = "cancelled"

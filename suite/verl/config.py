@@ -11,14 +11,8 @@ from typing import List
 
 from omegaconf import DictConfig
 
-from suite.config import (
-    BackendConfig,
-    _check,
-    _choice,
-    _number,
-    _text,
-    register_backend,
-)
+from suite.config import BackendConfig, check_choice, check_number, check_text, register_backend
+from suite.overrides import check
 from suite.verl.rollout_quant import VERL_PRECISIONS, VERL_ROLLOUTS, vllm_cpu_precisions
 
 VERL_DEVICES = ("cuda", "cpu")  # backend.device: the vLLM build (GPU, or vLLM's CPU build)
@@ -66,7 +60,7 @@ def _check_vllm_cpu(precision: str) -> None:
     features = cpu_features()
     served = vllm_cpu_precisions(features)
     needs = VERL_ROLLOUTS[precision].vllm_cpu_needs
-    _check(
+    check(
         precision in served,
         "quant.precision",
         f"{precision!r} is not served by vLLM's CPU build (backend.device=cpu) on this CPU ({features.label()})"
@@ -77,19 +71,19 @@ def _check_vllm_cpu(precision: str) -> None:
 def validate_verl(cfg: DictConfig) -> None:
     """What the verl backend cannot run, named before anything is submitted (docs/verl.md)."""
     b = cfg.backend
-    _check(
+    check(
         "model_path" in b,
         "backend",
         "backend.name=verl needs the verl option of the backend group: use `backend=verl`, not `backend.name=verl`",
     )
-    _choice(cfg, "quant.precision", VERL_PRECISIONS)
-    _choice(cfg, "backend.device", VERL_DEVICES)
+    check_choice(cfg, "quant.precision", VERL_PRECISIONS)
+    check_choice(cfg, "backend.device", VERL_DEVICES)
     if b.device == "cpu":
         _check_vllm_cpu(cfg.quant.precision)
-    _check(cfg.uaq.group_lr_s == 1.0, "uaq.group_lr_s",
+    check(cfg.uaq.group_lr_s == 1.0, "uaq.group_lr_s",
            "the per-group learning-rate control runs on the embedded backend only (verl's actor has one LR); allowed "
            "with backend=verl: 1.0")
-    _check(
+    check(
         cfg.task.eval_samples == 0,
         "task.eval_samples",
         "is embedded only: verl validates with one sampling setting (its mean@n replaces the greedy mean@1); "
@@ -97,38 +91,38 @@ def validate_verl(cfg: DictConfig) -> None:
     )
     if cfg.correction.aligned_forward:
         strategies = override_values(b, "actor_rollout_ref.actor.strategy")
-        _check(
+        check(
             all(x in VERL_ALIGNED_STRATEGIES for x in strategies),
             "backend.extra_overrides",
             f"sets actor_rollout_ref.actor.strategy={strategies[-1] if strategies else ''}; the QaRL aligned forward "
             f"(correction.aligned_forward=true) is plugged into verl's FSDP engines only: {', '.join(VERL_ALIGNED_STRATEGIES)}",
         )
         lora = override_values(b, "actor_rollout_ref.model.lora_rank")
-        _check(
+        check(
             all(x.strip() in ("0", "null") for x in lora),
             "backend.extra_overrides",
             f"sets actor_rollout_ref.model.lora_rank={lora[-1] if lora else ''}; the QaRL aligned forward quantizes the "
             "base weights while the rollout quantizes base + LoRA merged: allowed with correction.aligned_forward=true: 0",
         )
     for key in ("model_path", "train_files", "val_files"):
-        _check(bool(b[key]), f"backend.{key}", "required with backend=verl (a local path on the compute nodes)")
-    _check(b.nnodes >= 1, "backend.nnodes", "must be >= 1")
-    _check(b.n_gpus_per_node >= 1, "backend.n_gpus_per_node", "must be >= 1")
-    _check(b.max_prompt_length >= 1, "backend.max_prompt_length", "must be >= 1")
-    _check(b.micro_batch_size_per_gpu >= 1, "backend.micro_batch_size_per_gpu", "must be >= 1")
-    _check(b.max_num_batched_tokens >= 1, "backend.max_num_batched_tokens", "must be >= 1")
+        check(bool(b[key]), f"backend.{key}", "required with backend=verl (a local path on the compute nodes)")
+    check(b.nnodes >= 1, "backend.nnodes", "must be >= 1")
+    check(b.n_gpus_per_node >= 1, "backend.n_gpus_per_node", "must be >= 1")
+    check(b.max_prompt_length >= 1, "backend.max_prompt_length", "must be >= 1")
+    check(b.micro_batch_size_per_gpu >= 1, "backend.micro_batch_size_per_gpu", "must be >= 1")
+    check(b.max_num_batched_tokens >= 1, "backend.max_num_batched_tokens", "must be >= 1")
     tp = b.tensor_parallel_size
-    _check(
+    check(
         tp >= 1 and b.n_gpus_per_node % tp == 0,
         "backend.tensor_parallel_size",
         f"must be >= 1 and divide backend.n_gpus_per_node={b.n_gpus_per_node}, got {tp}",
     )
-    _number(cfg, "backend.gpu_memory_utilization", 0, 1, lo_open=True)
-    _number(cfg, "backend.ray_port", 1, 65535)
-    _text(cfg, "backend.python")
+    check_number(cfg, "backend.gpu_memory_utilization", 0, 1, lo_open=True)
+    check_number(cfg, "backend.ray_port", 1, 65535)
+    check_text(cfg, "backend.python")
     for i, o in enumerate(b.extra_overrides):
-        _check("=" in str(o), f"backend.extra_overrides.{i}", f"must be a verl Hydra override key=value, got {o!r}")
-    _check(
+        check("=" in str(o), f"backend.extra_overrides.{i}", f"must be a verl Hydra override key=value, got {o!r}")
+    check(
         cfg.rollout.prompts_per_step % cfg.train.minibatches == 0,
         "train.minibatches",
         f"verl splits prompts into mini-batches: must divide rollout.prompts_per_step={cfg.rollout.prompts_per_step}",
