@@ -263,7 +263,7 @@ def check_choice(cfg: DictConfig, key: str, allowed: tuple) -> None:
 
 
 def check_number(cfg: DictConfig, key: str, lo: float | None = None, hi: float | None = None,
-            lo_open: bool = False, hi_open: bool = False) -> None:
+                 lo_open: bool = False, hi_open: bool = False) -> None:
     """``key`` is a finite real number in the interval [lo, hi] (open at an end when asked)."""
     value = OmegaConf.select(cfg, key)
     f = lambda x: str(x) if isinstance(x, int) else f"{x:g}"  # 2**32 in full, 0.5 not 0.500000

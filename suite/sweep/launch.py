@@ -69,7 +69,7 @@ def _submit(sweep: Sweep, executor, cells: list[Cell], parent_id: str) -> dict[i
     path = Path(sweep.state_dir) / JOBS_FILE
     for c, j in zip(cells, jobs):
         append_json(path, {"cell": c.index, "run_id": c.run_id, "job_id": str(j.job_id), "launcher": launcher,
-                            "host": socket.gethostname(), "time": time.time()})
+                           "host": socket.gethostname(), "time": time.time()})
     if launcher == "slurm":
         _name_tasks(sweep, cells, jobs)
     return {c.index: j for c, j in zip(cells, jobs)}

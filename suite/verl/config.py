@@ -81,8 +81,8 @@ def validate_verl(cfg: DictConfig) -> None:
     if b.device == "cpu":
         _check_vllm_cpu(cfg.quant.precision)
     check(cfg.uaq.group_lr_s == 1.0, "uaq.group_lr_s",
-           "the per-group learning-rate control runs on the embedded backend only (verl's actor has one LR); allowed "
-           "with backend=verl: 1.0")
+          "the per-group learning-rate control runs on the embedded backend only (verl's actor has one LR); allowed "
+          "with backend=verl: 1.0")
     check(
         cfg.task.eval_samples == 0,
         "task.eval_samples",
