@@ -56,8 +56,11 @@ def _submit(sweep: Sweep, executor, cells: list[Cell], parent_id: str) -> dict[i
 
     uri = resolve_tracking_uri(sweep.tracking_uri)
     jobs = []
+    slurm = type(executor).__name__ != "LocalExecutor"
     if len(cells) == 1:
         c = cells[0]
+        if slurm:  # one job is named at submission; only an array's tasks need renaming
+            executor.update_parameters(job_name=task_name(sweep, c))
         jobs = [executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id, _cell_tags(sweep, c), uri,
                                 run_name(c.cfg, c.axes))]
     else:
@@ -65,12 +68,12 @@ def _submit(sweep: Sweep, executor, cells: list[Cell], parent_id: str) -> dict[i
             for c in cells:
                 jobs.append(executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id,
                                             _cell_tags(sweep, c), uri, run_name(c.cfg, c.axes)))
-    launcher = "local" if type(executor).__name__ == "LocalExecutor" else "slurm"
+    launcher = "slurm" if slurm else "local"
     path = Path(sweep.state_dir) / JOBS_FILE
     for c, j in zip(cells, jobs):
         append_json(path, {"cell": c.index, "run_id": c.run_id, "job_id": str(j.job_id), "launcher": launcher,
                            "host": socket.gethostname(), "time": time.time()})
-    if launcher == "slurm":
+    if slurm and len(cells) > 1:
         _name_tasks(sweep, cells, jobs)
     return {c.index: j for c, j in zip(cells, jobs)}
 
@@ -83,7 +86,9 @@ def task_name(sweep: Sweep, cell: Cell) -> str:
 def _name_tasks(sweep: Sweep, cells: list[Cell], jobs: list) -> None:
     """Name each array task `<sweep>:<cell>`: the tasks of an array share the array's name, and
     after `--retry-failed` task k of a new array is not cell k. SLURM renames a pending task on
-    its own (`scontrol update JobId=<array>_<k> JobName=...`). A refusal (a task that already
+    its own (`scontrol update JobId=<array>_<k> JobName=...`). A single job is named by sbatch
+    instead: a rename racing its start reached the accounting database once without the name
+    (`sacct` showed `allocation`, slurmdbd's name for a job recorded with none). A refusal (a task that already
     ended, an old SLURM) leaves the sweep's name, which `suite status` maps to cells anyway."""
     for c, j in zip(cells, jobs):
         try:
