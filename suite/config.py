@@ -30,6 +30,7 @@ from suite.overrides import check as _check
 from suite.core.losses import CORRECTIONS as _LOSS_REGISTRY
 from suite.core.losses import TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP
 from suite.core.quant import FP8_GRANULARITIES, PRECISIONS  # noqa: F401  (PRECISIONS: the quantizer registry)
+from suite.core.quant import LOW_BIT_PRECISIONS, WINT_BITS, WINT_GROUP_SIZES
 # re-exported: a run's identity is part of its config's API
 from suite.identity import axes, axes_label, group_key, hardware_pins, identity_tags, resolve_hardware, run_id  # noqa: F401
 
@@ -69,11 +70,21 @@ class TaskConfig:
 
 @dataclass
 class QuantConfig:
-    precision: str = "int8"  # rollout actor precision: fp32 | bf16 | int8 (W8A8) | fp8 (E4M3) | w4a16
+    # rollout actor precision: fp32 | bf16 | int8 (W8A8) | fp8 (E4M3) | w4a16 | wa16 (W{weight_bits}A16)
+    precision: str = "int8"
     fp8_granularity: str = "per_channel"  # FP8 weight scales: per_tensor | per_channel | block
     block_size: int = 128  # FP8 block edge (entries) when fp8_granularity=block
-    group_size: int = 128  # W4A16 group size (input entries per scale); clipped to the layer width
-    symmetric: bool = True  # W4A16: symmetric (no zero point) or asymmetric
+    # W4A16 / wa16 group size (input entries per scale); clipped to the layer width. wa16: 8 | 16 | 32 | 64 | 128 | 256
+    group_size: int = 128
+    symmetric: bool = True  # W4A16 / wa16: symmetric (no zero point) or asymmetric
+    weight_bits: int = 4  # wa16 weight width in bits: 2 | 3 | 4 | 6 | 8 (the weight-only dose axis); others: 4
+    lm_head: bool = False  # quantize lm_head like the block linears (vLLM keeps it 16-bit); low-bit precisions, embedded
+    # Activation-outlier transform (suite.core.outliers, the inverse of SmoothQuant; embedded): outlier_channels
+    # channels of each block norm's gain times outlier_alpha, the fed q/k/v/gate/up input columns divided by it,
+    # at every use of the weights by the rollout (and the aligned forward). The same function in full precision;
+    # per-token W8A8 activations get coarse: the INT8 dose axis. 1.0 = off; powers of two are bit-exact.
+    outlier_alpha: float = 1.0
+    outlier_channels: int = 4  # channels per norm that carry the outliers, evenly spaced over d_model
     # Embedded engine kernels (suite.hardware): auto resolves at compose time, on the machine that
     # composes, to native (low-precision kernels) or emulated (float32 GEMMs, same numerics; int8
     # bit-identical); the resolved value is part of the run id. Ignored by backend=verl (vLLM's kernels).
@@ -338,6 +349,19 @@ def validate(cfg: DictConfig) -> None:
            f"must be 0 (off) or >= 2 (mean@1 is the rollout.eval_temperature accuracy), got {cfg.task.eval_samples}")
     check_number(cfg, "quant.block_size", 1)
     check_number(cfg, "quant.group_size", 2)
+    q = cfg.quant
+    if q.precision == "wa16":
+        check_choice(cfg, "quant.weight_bits", WINT_BITS)
+        check_choice(cfg, "quant.group_size", WINT_GROUP_SIZES)
+    else:
+        _check(q.weight_bits == 4, "quant.weight_bits",
+               f"is the width of quant=wa16 ({'|'.join(map(str, WINT_BITS))}); quant.precision={q.precision} "
+               f"has its own. allowed: 4 (or quant=wa16)")
+    _check(not q.lm_head or q.precision in LOW_BIT_PRECISIONS, "quant.lm_head",
+           f"quantizes lm_head with a low-bit rollout ({'|'.join(LOW_BIT_PRECISIONS)}); "
+           f"quant.precision={q.precision} has none. allowed: false")
+    check_number(cfg, "quant.outlier_alpha", 0, lo_open=True)
+    check_number(cfg, "quant.outlier_channels", 1)
     check_number(cfg, "algo.group_size", 1)
     check_number(cfg, "algo.clip_low", 0, 1, lo_open=True, hi_open=True)
     check_number(cfg, "algo.clip_high", 0, lo_open=True)

@@ -16,6 +16,15 @@ from omegaconf import DictConfig, OmegaConf
 # Keys that change where results go or how fast they arrive, not what is computed: left out of
 # the run id's hash and of the MLflow params (docs/architecture.md, "MLflow experiments and runs").
 NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir")
+# Keys added after runs were recorded, with the value that computes what those runs computed: left
+# out of the hash and the params while they hold it, so a config composed before they existed keeps
+# its run id (and a report matches its params). A new key whose default changes no numerics goes here.
+OMITTED_AT_DEFAULT = {
+    "quant.weight_bits": 4,
+    "quant.lm_head": False,
+    "quant.outlier_alpha": 1.0,
+    "quant.outlier_channels": 4,
+}
 
 
 def resolve_hardware(cfg: DictConfig) -> None:
@@ -47,13 +56,18 @@ def semantic_config(cfg: DictConfig, drop: tuple[str, ...] = ()) -> dict:
     """The resolved config without its non-semantic keys (and ``drop``): what the run id hashes
     and what a run logs as its MLflow params."""
     data = OmegaConf.to_container(cfg, resolve=True)
-    for key in NON_SEMANTIC + drop:
+    for key in NON_SEMANTIC + drop + tuple(OMITTED_AT_DEFAULT):
         node = data
         *parents, leaf = key.split(".")
         for p in parents:
             node = node.get(p, {})
-        node.pop(leaf, None)
+        if key not in OMITTED_AT_DEFAULT or (leaf in node and _same(node[leaf], OMITTED_AT_DEFAULT[key])):
+            node.pop(leaf, None)
     return data
+
+
+def _same(value, default) -> bool:
+    return type(value) is type(default) and value == default if isinstance(default, bool) else value == default
 
 
 def _semantic_digest(cfg: DictConfig, drop: tuple[str, ...] = ()) -> str:
@@ -109,6 +123,8 @@ def axes(cfg: DictConfig) -> dict[str, str]:
 
 def axes_label(cfg: DictConfig) -> str:
     a = axes(cfg)
+    if a["precision"] == "wa16":  # the weight-only dose axis: its width in the label (w3a16)
+        a["precision"] = f"w{cfg.quant.weight_bits}a16"
     return f"{a['algo']}-{a['precision']}-{a['correction']}-s{a['uaq_s']}-{a['task']}-seed{a['seed']}"
 
 

@@ -28,6 +28,7 @@ _add("non-finite", [(f"{k}={v}", k) for k, v in [
     ("train.lr", "inf"), ("train.lr", "nan"), ("train.lr", "-inf"), ("rollout.temperature", "inf"),
     ("rollout.temperature", "nan"), ("warm_start.lr", "inf"), ("warm_start.lr", "nan"), ("algo.critic_lr", "inf"),
     ("uaq.s", "inf"), ("uaq.group_lr_s", "nan"), ("algo.kl_coef", "inf"), ("algo.kl_coef", "nan"),
+    ("quant.outlier_alpha", "inf"), ("quant.outlier_alpha", "nan"),
     ("algo.value_clip", "inf"), ("train.grad_clip", "inf"), ("train.grad_clip", "nan"),
     ("train.weight_decay", "inf"), ("algo.clip_high", "inf"), ("algo.overlong_penalty", "inf"),
     ("correction.tis_cap", "inf"), ("correction.tbpo_seq_cap", "nan"), ("correction.tbpo_delta_pos", "inf"),
@@ -83,6 +84,9 @@ _add("choice", [
     ("quant.kernels=fast", "quant.kernels"), ("warm_start.flaw_op=%", "warm_start.flaw_op"),
     ("quant.fp8_granularity=row", "quant.fp8_granularity"), ("backend.name=tpu", "backend.name"),
     ("quant.precision=int4", "quant.precision"),
+    # the widths and group sizes the wa16 quantizer serves (suite.core.quant WINT_BITS, WINT_GROUP_SIZES)
+    (["quant=wa16", "quant.weight_bits=5"], "quant.weight_bits"), (["quant=wa16", "quant.weight_bits=1"], "quant.weight_bits"),
+    (["quant=wa16", "quant.group_size=48"], "quant.group_size"), (["quant=wa16", "quant.group_size=512"], "quant.group_size"),
 ])
 
 _add("unknown key", [
@@ -105,6 +109,8 @@ _add("combination", [
     ("algo.overlong_buffer=32", "algo.overlong_buffer"), ("train.minibatches=3", "train.minibatches"),
     (["uaq.s=1.5", "uaq.group_lr_s=1.5"], "uaq.group_lr_s"), ("backend.name=verl", "backend"),
     ("backend=verl", "backend.model_path"), ("algo.group_size=1", "algo.group_size"),
+    ("quant.weight_bits=3", "quant.weight_bits"), (["quant=fp32", "quant.lm_head=true"], "quant.lm_head"),
+    ("quant.outlier_channels=0", "quant.outlier_channels"),
 ])
 
 # what the task's prompts, traces and held-out split allow (suite.embedded.config): refused at compose,
@@ -117,6 +123,7 @@ _add("task", [
     (["task.difficulty=1", "task.n_eval=76"], "task.n_eval"), ("task.n_eval=2918", "task.n_eval"),
     ("warm_start.flaw_op=/", "warm_start.flaw_op"), ("warm_start.batch_size=20001", "warm_start.batch_size"),
     ("rollout.prompts_per_step=20001", "rollout.prompts_per_step"),
+    ("quant.outlier_channels=129", "quant.outlier_channels"),
 ])
 
 _VERL = ["backend=verl", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v", "quant=int8"]
@@ -128,6 +135,8 @@ _add("verl backend", [
     ([*_VERL, "backend.tensor_parallel_size=3"], "backend.tensor_parallel_size"),
     ([*_VERL, "backend.extra_overrides=[foo]"], "backend.extra_overrides.0"),
     ([*_VERL, "quant=fp32"], "quant.precision"), ([*_VERL, "+backend.nodes=2"], "backend.nodes"),
+    ([*_VERL, "quant=wa16"], "quant.precision"), ([*_VERL, "quant.outlier_alpha=8"], "quant.outlier_alpha"),
+    ([*_VERL, "quant.lm_head=true"], "quant.lm_head"),
 ])
 
 # Hydra's runner keys: the suite runs no Hydra app, so they are refused rather than ignored

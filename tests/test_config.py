@@ -180,3 +180,43 @@ def test_task_checks_are_the_embedded_backends():
     assert cfg.rollout.max_new_tokens == 4096
     with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
         compose_config(["rollout.max_new_tokens=4096"])
+
+
+# ----------------------------------------------------------------------------- dose axes (issue: phenomena as a dose-response map)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])
+def test_every_weight_only_dose_composes_and_names_its_width(bits):
+    from suite.config import compose_config, run_id
+
+    cfg = compose_config(["quant=wa16", f"quant.weight_bits={bits}", "quant.group_size=32", "quant.lm_head=true"])
+    assert run_id(cfg).startswith(f"grpo-w{bits}a16-")
+
+
+def test_new_quant_keys_leave_existing_run_ids_alone():
+    """Keys added for the dose axes are left out of the hash and the params at their defaults
+    (suite.identity.OMITTED_AT_DEFAULT), so every config composed before them keeps its id."""
+    from suite.config import compose_config, run_id
+    from suite.identity import OMITTED_AT_DEFAULT, semantic_config
+
+    cfg = compose_config([])
+    quant = semantic_config(cfg)["quant"]
+    assert not {k.split(".", 1)[1] for k in OMITTED_AT_DEFAULT} & set(quant)
+    # a config without the keys at all (as composed before they existed) has the same id
+    from omegaconf import OmegaConf
+
+    old = OmegaConf.create(OmegaConf.to_container(cfg))
+    for key in OMITTED_AT_DEFAULT:
+        del old.quant[key.split(".", 1)[1]]
+    assert run_id(old) == run_id(cfg)
+    dosed = compose_config(["quant.outlier_alpha=16"])
+    assert semantic_config(dosed)["quant"]["outlier_alpha"] == 16.0 and run_id(dosed) != run_id(cfg)
+
+
+def test_bad_width_and_group_size_name_the_allowed_values():
+    from suite.config import ConfigError, compose_config
+
+    with pytest.raises(ConfigError, match=r"quant\.weight_bits=5.*2, 3, 4, 6, 8"):
+        compose_config(["quant=wa16", "quant.weight_bits=5"])
+    with pytest.raises(ConfigError, match=r"quant\.group_size=48.*8, 16, 32, 64, 128, 256"):
+        compose_config(["quant=wa16", "quant.group_size=48"])

@@ -46,10 +46,11 @@ PARTS = ("sweep", "mlflow", "report")
 COLUMNS = ("item", "n", "seconds", "per_item_ms", "share_of_run", "note")
 # The 1,000-cell grid: precision x correction x UAQ s x seed = 5 x 4 x 5 x 10.
 def grid() -> dict[str, list[str]]:
-    """The grid's axes (a function: the precisions come from the quantizer registry, with torch)."""
-    from suite.core.quant import PRECISIONS
+    """The grid's axes (a function: the precisions come from the quantizer registry, with torch):
+    the papers' matrix, i.e. the precisions both backends run (not the embedded-only dose axes)."""
+    from suite.core.quant import QUANTIZERS
 
-    return {"quant": list(PRECISIONS), "correction": ["naive", "tis", "acr", "tbpo"],
+    return {"quant": [p for p, q in QUANTIZERS.items() if q.verl], "correction": ["naive", "tis", "acr", "tbpo"],
             "uaq.s": ["1.0", "1.25", "1.5", "1.75", "2.0"], "seed": [str(i) for i in range(10)]}
 
 

@@ -13,6 +13,8 @@ tests check that every precision has both (docs/architecture.md, "Add a precisio
 - int8: W8A8 (QuRL, arXiv 2602.13953 Sec. 3): per-output-channel weights, per-token activations.
 - fp8: E4M3 weights (per tensor, per channel or 128x128 blocks) and per-token E4M3 activations.
 - w4a16: QaRL's (arXiv 2604.07853) 4-bit group-wise weights, 16-bit activations.
+- wa16: the same group-wise weight-only quantizer at ``QuantScheme.bits`` in {2, 3, 4, 6, 8}
+  (the dose axis W{b}A16 of the mismatch; "wa16" at 4 bits computes exactly as "w4a16").
 
 The number formats themselves are in :mod:`suite.core.quant_formats` (re-exported here).
 """
@@ -33,9 +35,12 @@ from suite.core.quant_formats import (
     check_finite,
     dequantize_fp8_block,
     dequantize_scaled,
+    WINT_BITS,
+    WINT_GROUP_SIZES,
     dequantize_w4,
     fake_quant_int8,
     fake_quant_w4,
+    fake_quant_wint,
     float_spacing,
     from_groups,
     group_len,
@@ -44,9 +49,11 @@ from suite.core.quant_formats import (
     quantize_int8_per_channel,
     quantize_int8_per_token,
     quantize_w4,
+    quantize_wint,
     step_fp8,
     step_int8,
     step_w4,
+    step_wint,
     work_dtype,
 )
 
@@ -60,8 +67,9 @@ class QuantScheme:
         group-wise weights).
     fp8_granularity: scale layout for fp8 weights: "per_tensor" | "per_channel" | "block".
     block_size: side of the square fp8 weight block, in entries (128 as DeepSeek-V3 / vLLM).
-    group_size: w4a16 group length along the input axis, in entries (128 as GPTQ / AWQ).
-    symmetric: w4a16 symmetric (no zero point) or asymmetric (integer zero point).
+    group_size: w4a16 / wa16 group length along the input axis, in entries (128 as GPTQ / AWQ).
+    symmetric: w4a16 / wa16 symmetric (no zero point) or asymmetric (integer zero point).
+    bits: wa16 weight width, one of :data:`WINT_BITS` (2, 3, 4, 6, 8); w4a16 is 4 bits whatever it says.
     """
 
     precision: str = "int8"
@@ -69,6 +77,7 @@ class QuantScheme:
     block_size: int = 128
     group_size: int = 128
     symmetric: bool = True
+    bits: int = 4
 
     def __post_init__(self) -> None:
         if self.precision not in QUANTIZERS:
@@ -82,6 +91,8 @@ class QuantScheme:
             raise ValueError(f"QuantScheme.block_size={self.block_size}; must be >= 1")
         if self.group_size < 1:
             raise ValueError(f"QuantScheme.group_size={self.group_size}; must be >= 1")
+        if self.bits not in WINT_BITS:
+            raise ValueError(f"QuantScheme.bits={self.bits!r}; allowed: {WINT_BITS}")
 
 
 @dataclass
@@ -94,6 +105,7 @@ class QTensor:
       w4a16: codes int8 (symmetric, [-8, 7]) or uint8 (asymmetric, [0, 15]) [out, in], one code
              per byte (packing two per byte is a kernel concern); scales [out, ceil(in/g)];
              zeros uint8 [out, ceil(in/g)] when asymmetric, else None
+      wa16:  as w4a16, codes in [-2**(b-1), 2**(b-1) - 1] or [0, 2**b - 1] for b = scheme.bits
       fp32: codes = the tensor unchanged; bf16: codes = the tensor in bfloat16; scales None
     """
 
@@ -124,6 +136,7 @@ class Quantizer:
     act: Callable[[torch.Tensor, str | None], torch.Tensor] | None = None
     lossless: bool = False  # nothing is quantized (fp32): fake_quant is the identity, nothing to align
     low_bit: bool = True  # a low-bit rollout, not a 16/32-bit reference (report grouping)
+    verl: bool = True  # backend=verl runs it (suite.verl.rollout_quant VERL_ROLLOUTS); else embedded only
 
 
 QUANTIZERS: dict[str, Quantizer] = {}  # name -> Quantizer, in registration (= report) order
@@ -210,7 +223,25 @@ register_quantizer(Quantizer(
     gemm_dtype=torch.bfloat16,
 ))
 
-PRECISIONS = tuple(QUANTIZERS)  # fp32 | bf16 | int8 | fp8 | w4a16
+
+
+def _wint_quantize(w: torch.Tensor, s: QuantScheme, name: str | None) -> Codes:
+    out = quantize_wint(w, s.bits, s.group_size, s.symmetric, name=name)
+    return out[0], out[1], (out[2] if len(out) == 3 else None)
+
+
+# wa16: W{b}A16 for b = QuantScheme.bits (quant.weight_bits), the weight-only dose axis; like w4a16
+# the rollout computes in bf16 on dequantized weights. Embedded backend only for now.
+register_quantizer(Quantizer(
+    "wa16",
+    quantize=_wint_quantize,
+    dequantize=lambda q, dtype: dequantize_w4(q.codes, q.scales, q.zeros, q.scheme.group_size, q.shape, dtype),
+    fake_quant=lambda w, s, name: fake_quant_wint(w, s.bits, s.group_size, s.symmetric, name),
+    step=lambda w, s, name: step_wint(w, s.bits, s.group_size, s.symmetric, name),
+    gemm_dtype=torch.bfloat16, verl=False,
+))
+
+PRECISIONS = tuple(QUANTIZERS)  # fp32 | bf16 | int8 | fp8 | w4a16 | wa16
 # Precisions whose rollout also quantizes the activations (per token, dynamically): W8A8.
 W8A8_PRECISIONS = tuple(n for n, q in QUANTIZERS.items() if q.act is not None)
 LOW_BIT_PRECISIONS = tuple(n for n, q in QUANTIZERS.items() if q.low_bit)
@@ -313,7 +344,7 @@ def quant_step(w: torch.Tensor, scheme: QuantScheme, *, name: str | None = None)
     :func:`fake_quant` is at most ``quant_step / 2`` per entry, and an update much smaller
     than a step is invisible to the quantized rollout actor (QuRL Sec. 3.3, the reason for UAQ).
 
-    - int8 / w4a16: the entry's scale (uniform grid).
+    - int8 / w4a16 / wa16: the entry's scale (uniform grid).
     - fp8: the E4M3 spacing at ``|w| / scale`` times the scale (non-uniform grid):
       ``2**(floor(log2|w / scale|) - 3) * scale``, and ``2**-9 * scale`` in the subnormal range.
     - bf16 / fp32: the format's own spacing (ulp) at ``w`` (7 / 23 mantissa bits).
@@ -332,6 +363,8 @@ __all__ = [
     "QUANTIZERS",
     "REFERENCE_PRECISIONS",
     "W8A8_PRECISIONS",
+    "WINT_BITS",
+    "WINT_GROUP_SIZES",
     "QTensor",
     "QuantScheme",
     "Quantizer",
@@ -344,5 +377,6 @@ __all__ = [
     "quantize_int8_per_channel",
     "quantize_int8_per_token",
     "quantize_w4",
+    "quantize_wint",
     "register_quantizer",
 ]

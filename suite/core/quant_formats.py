@@ -15,6 +15,8 @@ which of these each precision uses:
   (group 128 by default), 16-bit activations. Symmetric follows compressed-tensors /
   llm-compressor (``scale = amax / 7.5``, codes in [-8, 7]); asymmetric uses an integer
   zero point with 0 forced into the range (so zero is exact), codes in [0, 15].
+  The same math at b in {2, 3, 4, 6, 8} bits (``WINT_BITS``; codes [-2**(b-1), 2**(b-1) - 1],
+  scale ``amax / (2**(b-1) - 0.5)``) is the weight-only dose axis W{b}A16.
 
 Conventions shared by every quantizer here:
 
@@ -40,6 +42,19 @@ FP8_MANT_BITS = 3
 FP8_MIN_NORMAL_EXP = -6  # 2**-6 is the smallest normal E4M3 value; below it spacing is 2**-9
 W4_SYM_QMIN, W4_SYM_QMAX = -8, 7
 W4_ASYM_QMAX = 15
+# Weight-only group-wise integer widths the "wa16" quantizer serves (the dose axis W{8,6,4,3,2}A16).
+WINT_BITS = (2, 3, 4, 6, 8)
+# Group sizes (input entries per scale) "wa16" serves: powers of two as GPTQ / AWQ kernels use; a
+# group wider than a row is the row (per-channel).
+WINT_GROUP_SIZES = (8, 16, 32, 64, 128, 256)
+
+
+def wint_range(bits: int, symmetric: bool) -> tuple[int, int]:
+    """Integer code range of a ``bits``-wide group-wise weight: [-2**(b-1), 2**(b-1) - 1]
+    symmetric, [0, 2**b - 1] asymmetric (b = 4: [-8, 7] and [0, 15], the W4A16 ranges)."""
+    if bits not in WINT_BITS:
+        raise ValueError(f"weight bits={bits!r}; allowed: {WINT_BITS}")
+    return (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if symmetric else (0, 2**bits - 1)
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -171,26 +186,31 @@ def _fp8_core(
     return codes, scales
 
 
-def _w4_core(
-    wf: torch.Tensor, group_size: int, symmetric: bool, name: str | None
+def _wint_core(
+    wf: torch.Tensor, bits: int, group_size: int, symmetric: bool, name: str | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """-> (float codes in groups [out, G, g], scales [out, G], zeros [out, G] or None)."""
+    """-> (float codes in groups [out, G, g], scales [out, G], zeros [out, G] or None).
+
+    Symmetric: ``scale = amax / (qmax + 0.5)`` (qmax = 2**(b-1) - 1; 7.5 for 4 bits, the
+    compressed-tensors convention), codes in [-2**(b-1), qmax]. Asymmetric: ``scale = (hi - lo) /
+    (2**b - 1)`` with 0 forced into [lo, hi], an integer zero point, codes in [0, 2**b - 1]."""
+    qmin, qmax = wint_range(bits, symmetric)
     g = group_len(group_size, wf.shape[-1])
     # Zero padding is harmless: it changes neither the absmax nor a range that contains 0.
     groups = to_groups(wf, g)  # [out, G, g]
     if symmetric:
         amax = _absmax(groups, -1)  # [out, G, 1]
         check_reduced(amax, wf, name)
-        scales = _div(amax, W4_SYM_QMAX + 0.5)  # [out, G, 1]
-        codes = torch.round_(groups / _safe(scales)).clamp_(W4_SYM_QMIN, W4_SYM_QMAX)
+        scales = _div(amax, qmax + 0.5)  # [out, G, 1]
+        codes = torch.round_(groups / _safe(scales)).clamp_(qmin, qmax)
         return codes, scales.squeeze(-1), None
     mn, mx = torch.aminmax(groups, dim=-1, keepdim=True)  # [out, G, 1] each
     check_reduced(torch.cat([mn, mx], -1), wf, name)
     lo, hi = mn.clamp(max=0.0), mx.clamp(min=0.0)  # 0 inside the range -> 0 is exact
-    scales = _div(hi - lo, W4_ASYM_QMAX)  # [out, G, 1]
+    scales = _div(hi - lo, qmax)  # [out, G, 1]
     safe = _safe(scales)
-    zeros = torch.round_(-lo / safe).clamp_(0, W4_ASYM_QMAX)  # [out, G, 1]
-    codes = torch.round_(groups / safe).add_(zeros).clamp_(0, W4_ASYM_QMAX)  # [out, G, g]
+    zeros = torch.round_(-lo / safe).clamp_(0, qmax)  # [out, G, 1]
+    codes = torch.round_(groups / safe).add_(zeros).clamp_(0, qmax)  # [out, G, g]
     return codes, scales.squeeze(-1), zeros.squeeze(-1)
 
 
@@ -272,18 +292,34 @@ def quantize_w4(
 
     w [out, in] -> codes [out, in], scales [out, G], zeros uint8 [out, G]; G = ceil(in / g),
     g = min(group_size, in) (a row shorter than a group is one group). One code per byte:
-    packing two per byte is a kernel concern.
+    packing two per byte is a kernel concern. :func:`quantize_wint` with ``bits=4``.
     """
-    check_2d(w, name, "quantize_w4")
+    return quantize_wint(w, 4, group_size, symmetric, name=name)
+
+
+def quantize_wint(
+    w: torch.Tensor,
+    bits: int,
+    group_size: int = 128,
+    symmetric: bool = True,
+    *,
+    name: str | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """``bits``-wide group-wise weights along the input axis (W{8,6,4,3,2}A16; :data:`WINT_BITS`).
+
+    :func:`quantize_w4`'s math with the code range of ``bits`` (:func:`wint_range`): symmetric
+    ``scale = amax_group / (2**(b-1) - 0.5)``, ``codes = clamp(round(W / scale), -2**(b-1),
+    2**(b-1) - 1)`` (int8 storage); asymmetric ``scale = (hi - lo) / (2**b - 1)``, integer zero
+    point, codes in [0, 2**b - 1] (uint8 storage). Same layouts and returns as :func:`quantize_w4`.
+    """
+    check_2d(w, name, "quantize_wint")
     if group_size < 1:
         raise ValueError(f"group_size={group_size}; must be >= 1")
-    codes, scales, zeros = _w4_core(w.to(work_dtype(w)), group_size, symmetric, name)
+    codes, scales, zeros = _wint_core(w.to(work_dtype(w)), bits, group_size, symmetric, name)
     codes = from_groups(codes, w.shape[-1]).contiguous()  # [out, in]
     if symmetric:
         return codes.to(torch.int8), scales
     return codes.to(torch.uint8), scales, zeros.to(torch.uint8)
-
-
 
 
 def float_spacing(y: torch.Tensor, mant_bits: int, min_normal_exp: int) -> torch.Tensor:
@@ -340,8 +376,13 @@ def fake_quant_int8(wd: torch.Tensor, name: str | None) -> torch.Tensor:
 
 def fake_quant_w4(wd: torch.Tensor, group_size: int, symmetric: bool, name: str | None) -> torch.Tensor:
     """Group-wise 4-bit round trip of a detached weight [out, in], in its dtype."""
-    check_2d(wd, name, "fake_quant(w4a16)")
-    codes, scales, zeros = _w4_core(wd.to(work_dtype(wd)), group_size, symmetric, name)
+    return fake_quant_wint(wd, 4, group_size, symmetric, name)
+
+
+def fake_quant_wint(wd: torch.Tensor, bits: int, group_size: int, symmetric: bool, name: str | None) -> torch.Tensor:
+    """Group-wise ``bits``-wide round trip of a detached weight [out, in], in its dtype."""
+    check_2d(wd, name, f"fake_quant(w{bits}a16)")
+    codes, scales, zeros = _wint_core(wd.to(work_dtype(wd)), bits, group_size, symmetric, name)
     if zeros is not None:
         codes = codes.sub_(zeros[..., None])
     return from_groups(codes.mul_(scales[..., None]), wd.shape[-1]).to(wd.dtype)  # [out, in]
@@ -369,8 +410,13 @@ def step_int8(wd: torch.Tensor, name: str | None) -> torch.Tensor:
 
 def step_w4(wd: torch.Tensor, group_size: int, symmetric: bool, name: str | None) -> torch.Tensor:
     """4-bit step of a weight [out, in] (work dtype): its group's scale, uniform grid."""
-    check_2d(wd, name, "quant_step(w4a16)")
-    _, scales, _ = _w4_core(wd, group_size, symmetric, name)  # [out, G]
+    return step_wint(wd, 4, group_size, symmetric, name)
+
+
+def step_wint(wd: torch.Tensor, bits: int, group_size: int, symmetric: bool, name: str | None) -> torch.Tensor:
+    """``bits``-wide group-wise step of a weight [out, in] (work dtype): its group's scale."""
+    check_2d(wd, name, f"quant_step(w{bits}a16)")
+    _, scales, _ = _wint_core(wd, bits, group_size, symmetric, name)  # [out, G]
     g = group_len(group_size, wd.shape[-1])
     per_group = scales[..., None].expand(*scales.shape, g)  # [out, G, g]
     return from_groups(per_group, wd.shape[-1]).contiguous()  # [out, in]

@@ -7,6 +7,7 @@ al. 2021); with the aligned forward they are computed through the rollout's own 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -34,12 +35,13 @@ class Critic(torch.nn.Module):
         return v[:, start - 1 : -1]  # [N, R]
 
 
-def quantized_weight_names(model: Transformer) -> list[str]:
-    """Weights the rollout engine quantizes: every block linear (not embeddings, norms, lm_head)."""
+def quantized_weight_names(model: Transformer, lm_head: bool = False) -> list[str]:
+    """Weights the rollout engine quantizes: every block linear (not embeddings, norms), and
+    ``lm_head`` when it is quantized too (quant.lm_head)."""
     return [
         f"{name}.weight"
         for name, mod in model.named_modules()
-        if isinstance(mod, torch.nn.Linear) and name.startswith("layers.")
+        if isinstance(mod, torch.nn.Linear) and (name.startswith("layers.") or (lm_head and name == "lm_head"))
     ]
 
 
@@ -64,17 +66,22 @@ def act_quant_hooks(model: Transformer, qnames: list[str], scheme: QuantScheme):
 
 
 def trainer_logprobs(model: Transformer, b: Batch, temperature: float, *, bf16: bool, with_entropy: bool = False,
-                     aligned_scheme: QuantScheme | None = None, qnames: list[str] = ()):
+                     aligned_scheme: QuantScheme | None = None, qnames: list[str] = (),
+                     transform: Callable[[dict], dict] | None = None):
     """log pi(token) [N, R] (and the entropy) of ``b``'s responses under the trainer's forward: bf16
     autocast like verl's FSDP mixed precision when ``bf16``.
 
     With QaRL's aligned forward (``aligned_scheme``, arXiv 2604.07853) the block linears
     ``qnames`` compute as the rollout's: weights fake-quantized, and for int8 / fp8 (W8A8) their
-    inputs too, per token; STE gradients."""
+    inputs too, per token; STE gradients. ``transform`` (parameter dict -> parameter dict) is what
+    the rollout's sync puts on the weights before quantizing them (suite.core.outliers
+    ``outlier_transform``); it is differentiable, so the gradients reach the untransformed weights."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         fn, act_hooks = model, nullcontext()
         if aligned_scheme is not None:
             params = dict(model.named_parameters())
+            if transform is not None:
+                params = transform(params)
             for name in qnames:
                 params[name] = fake_quant(params[name], aligned_scheme, ste=True)
 

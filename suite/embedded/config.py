@@ -52,6 +52,9 @@ def validate_embedded(cfg: DictConfig) -> None:
     check(cfg.rollout.max_new_tokens <= room, "rollout.max_new_tokens",
           f"must be in [1, {room}] with model.preset={preset} (max_seq_len {seq_len}) and {task} "
           f"(prompts up to {level.max_prompt_chars} tokens), got {cfg.rollout.max_new_tokens}")
+    d_model = PRESETS[preset]["d_model"]  # the outlier channels are channels of the block norms' outputs
+    check(cfg.quant.outlier_channels <= d_model, "quant.outlier_channels",
+          f"must be in [1, {d_model}] (model.preset={preset}'s d_model), got {cfg.quant.outlier_channels}")
     check(cfg.rollout.prompts_per_step <= TRAIN_POOL, "rollout.prompts_per_step",
           f"samples each step's prompts without replacement from a pool of {TRAIN_POOL}: must be in "
           f"[1, {TRAIN_POOL}], got {cfg.rollout.prompts_per_step}")

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from suite.core.outliers import outlier_pairs, outlier_transform
 from suite.core.quant import QUANTIZERS, QuantScheme
 from suite.embedded.decode import Decoder, DecodeState
 from suite.embedded.model import KVCache, Transformer
@@ -93,10 +94,15 @@ class RolloutEngine:
     ``kernels``: "auto" | "native" | "emulated" (module docstring) for the quantized GEMMs;
     ``bf16_kernels`` the same for the bf16 matmuls outside them (attention, lm_head), None = as
     ``kernels``. Only the GEMMs differ. Runs resolve both at compose time (suite.hardware).
+    ``lm_head``: quantize ``lm_head`` as a block linear of the precision (vLLM keeps it 16-bit).
+    ``outlier_alpha`` != 1: every sync puts the activation-outlier transform on the copy's weights
+    (suite.core.outliers: ``outlier_channels`` channels of each block norm's gain times alpha, the
+    fed q/k/v/gate/up input columns divided by it), the same function with INT8-hostile activations.
     """
 
     def __init__(self, model: Transformer, scheme: QuantScheme, *, kernels: str = "auto",
-                 bf16_kernels: str | None = None):
+                 bf16_kernels: str | None = None, lm_head: bool = False, outlier_alpha: float = 1.0,
+                 outlier_channels: int = 0):
         bf16_kernels = kernels if bf16_kernels is None else bf16_kernels
         for key, value in (("kernels", kernels), ("bf16_kernels", bf16_kernels)):
             if value not in KERNELS:
@@ -146,8 +152,18 @@ class RolloutEngine:
                     replace(parent, attr, built[0], name, load=built[1])
             if self.dtype == torch.bfloat16 and not self.bf16_native:
                 block.attn.matmul = bf16_matmul_emulated
-        if self.dtype == torch.bfloat16 and not self.bf16_native:
+        built = None
+        if lm_head and not QUANTIZERS[p].lossless:
+            aq = SharedActQuant(linears.act_quant(scheme, self.native)) if linears.act_quant is not None else None
+            self._act_quants += [aq] if aq is not None else []
+            built = linears.build(m.lm_head, scheme, self.native, aq, device)
+        if built is not None:
+            replace(m, "lm_head", built[0], "lm_head", load=built[1])
+        elif self.dtype == torch.bfloat16 and not self.bf16_native:
             replace(m, "lm_head", Bf16EmulatedLinear(self.cfg.d_model, self.cfg.vocab_size, device), "lm_head")
+        # The outlier transform's (norm, fed linears) of the source model (the copy's linears are replaced).
+        self._outliers = (outlier_pairs(model), float(outlier_alpha), int(outlier_channels)) \
+            if outlier_alpha != 1.0 and outlier_channels > 0 else None
         # Everything else (embeddings, norms, and unquantized linears) is copied (and cast).
         self._plain = [(prm, name) for name, prm in m.named_parameters() if name not in replaced]
         self.model = m
@@ -163,6 +179,8 @@ class RolloutEngine:
         place; returns the wall seconds it took (``timing_s/update_weights``)."""
         t0 = time.perf_counter()
         src = dict(model.named_parameters())
+        if self._outliers is not None:
+            src = outlier_transform(src, *self._outliers)
         for dst, name in self._plain:
             dst.copy_(src[name])  # a cast to the engine's dtype when it is bf16
         for load, name in self._targets:

@@ -19,16 +19,17 @@ from suite.embedded.engine import RolloutEngine
 from suite.embedded.model import ModelConfig, Transformer
 
 
-def policy(model_cfg: ModelConfig, state: dict, *, seed: int, uaq_s: float) -> tuple[Transformer, set[str]]:
+def policy(model_cfg: ModelConfig, state: dict, *, seed: int, uaq_s: float,
+           lm_head: bool = False) -> tuple[Transformer, set[str]]:
     """The actor from a warm-start state, UAQ-rescaled when ``uaq_s != 1``, and the names of
-    its quantized weights (the ones the rollout copy quantizes)."""
+    its quantized weights (the ones the rollout copy quantizes; ``lm_head`` too when it is)."""
     torch.manual_seed(seed)
     actor = Transformer(model_cfg)
     actor.load_state_dict(state)
     # UAQ: one-time invariant rescaling before RL (QuRL §4.2); exact in real arithmetic.
     if uaq_s != 1.0:
         apply_uaq(actor, uaq_s, "embedded")
-    return actor, quantized_weight_names(actor)
+    return actor, quantized_weight_names(actor, lm_head)
 
 
 def optimizer(actor: Transformer, *, lr: float, betas: Sequence[float], weight_decay: float,
@@ -56,9 +57,12 @@ def critic(model_cfg: ModelConfig, state: dict, *, lr: float, betas: Sequence[fl
     return c, torch.optim.AdamW(c.parameters(), lr=lr, betas=tuple(betas))
 
 
-def engines(actor: Transformer, scheme: QuantScheme, *, kernels: str, bf16_kernels: str) -> tuple[RolloutEngine, RolloutEngine]:
-    """The quantized rollout copy and the full-precision copy that scores held-out prompts."""
-    return (RolloutEngine(actor, scheme, kernels=kernels, bf16_kernels=bf16_kernels),
+def engines(actor: Transformer, scheme: QuantScheme, *, kernels: str, bf16_kernels: str, lm_head: bool = False,
+            outlier_alpha: float = 1.0, outlier_channels: int = 0) -> tuple[RolloutEngine, RolloutEngine]:
+    """The quantized rollout copy (its lm_head quantized, its weights outlier-transformed at each
+    sync when asked: RolloutEngine) and the full-precision copy that scores held-out prompts."""
+    return (RolloutEngine(actor, scheme, kernels=kernels, bf16_kernels=bf16_kernels, lm_head=lm_head,
+                          outlier_alpha=outlier_alpha, outlier_channels=outlier_channels),
             RolloutEngine(actor, QuantScheme(precision="fp32")))
 
 

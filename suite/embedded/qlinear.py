@@ -19,6 +19,7 @@ the engine builds such a linear and its per-sync loader (docs/architecture.md, "
   activations (W8A8-FP8); the rest in bfloat16, as for int8.
 - ``w4a16``: QaRL's group-wise 4-bit weights dequantized once per sync into bfloat16; the
   whole copy computes in bfloat16 (a W4A16 kernel's numerics; no 4-bit kernel is used).
+- ``wa16``: the same at ``QuantScheme.bits`` in {2, 3, 4, 6, 8} (the weight-only dose axis).
 
 Kernels (``native``): True runs the low-precision GEMMs with low-precision kernels:
 ``torch._int_mm`` for int8, bf16 GEMMs for bf16 / w4a16, ``torch._scaled_mm`` for fp8
@@ -207,7 +208,7 @@ def bf16_matmul_emulated(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _w4_loader(target: nn.Module, scheme: QuantScheme) -> Callable[[torch.Tensor], None]:
-    """Sync of a w4a16 linear: the group-wise 4-bit fake-quant weight (QaRL), rounded to bf16
+    """Sync of a w4a16 / wa16 linear: the group-wise fake-quant weight (QaRL), rounded to bf16
     (into a bf16 ``nn.Linear``, or a Bf16EmulatedLinear's float32 buffer), in place."""
 
     def load(w: torch.Tensor) -> None:
@@ -307,3 +308,8 @@ def _fp8(lin, scheme, native, act_quant, device):
 def _w4a16(lin, scheme, native, act_quant, device):
     target = lin if native else Bf16EmulatedLinear(lin.in_features, lin.out_features, device)
     return target, _w4_loader(target, scheme)
+
+
+@register_engine_linear("wa16")
+def _wa16(lin, scheme, native, act_quant, device):
+    return _w4a16(lin, scheme, native, act_quant, device)  # the loader's fake_quant reads scheme.bits

@@ -17,6 +17,8 @@ All math is `suite.core`; this module only moves tensors between the parts.
 
 from __future__ import annotations
 
+import functools
+
 import json
 import os
 import random
@@ -38,6 +40,7 @@ from suite.core.metrics import (
     policy_ratio_metrics,
     rollout_corr_metrics,
 )
+from suite.core.outliers import outlier_pairs, outlier_transform
 from suite.core.quant import QuantScheme
 from suite.embedded import parts
 from suite.embedded.actor import trainer_logprobs
@@ -113,8 +116,11 @@ class EmbeddedRun:
             )
         self.scheme = QuantScheme(
             precision=q.precision, fp8_granularity=q.fp8_granularity,
-            block_size=q.block_size, group_size=q.group_size, symmetric=q.symmetric,
+            block_size=q.block_size, group_size=q.group_size, symmetric=q.symmetric, bits=q.weight_bits,
         )
+        # lm_head quantized with the block linears; the activation-outlier transform at each use of the
+        # weights by the rollout (its sync) and the aligned forward (suite.core.outliers)
+        self.quant_lm_head, self.outlier_alpha, self.outlier_channels = q.lm_head, q.outlier_alpha, q.outlier_channels
         self.uaq_s, self.group_lr_s = cfg.uaq.s, cfg.uaq.group_lr_s
         ws = cfg.warm_start
         self.warm_start = dict(  # suite.embedded.warmstart.load_or_train's keyword arguments
@@ -131,7 +137,12 @@ class EmbeddedRun:
             bf16_autocast=self.bf16, progress=self.progress, **self.warm_start,
         )
         o = self.optim
-        self.actor, self.qnames = parts.policy(self.model_cfg, state, seed=self.seed, uaq_s=self.uaq_s)
+        self.actor, self.qnames = parts.policy(self.model_cfg, state, seed=self.seed, uaq_s=self.uaq_s,
+                                               lm_head=self.quant_lm_head)
+        self.transform = None
+        if self.outlier_alpha != 1.0 and self.outlier_channels > 0:
+            self.transform = functools.partial(outlier_transform, pairs=outlier_pairs(self.actor),
+                                               alpha=self.outlier_alpha, k=self.outlier_channels)
         self.opt = parts.optimizer(self.actor, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay,
                                    group_lr_s=self.group_lr_s)
         self.ref = parts.reference(self.actor, self.model_cfg) if self.algo.kl_coef > 0 else None
@@ -139,7 +150,9 @@ class EmbeddedRun:
         if self.algo.name == "ppo":
             self.critic, self.critic_opt = parts.critic(self.model_cfg, state, lr=self.algo.critic_lr, betas=o.betas)
         self.engine, self.eval_engine = parts.engines(self.actor, self.scheme, kernels=self.kernels_executed,
-                                                      bf16_kernels=self.bf16_kernels)
+                                                      bf16_kernels=self.bf16_kernels, lm_head=self.quant_lm_head,
+                                                      outlier_alpha=self.outlier_alpha,
+                                                      outlier_channels=self.outlier_channels)
         self.sample_gen, self.shuffle_gen = parts.generators(self.seed)
         self.step = 0
         self.baseline_acc = None
@@ -172,7 +185,8 @@ class EmbeddedRun:
     def _logprobs(self, model: Transformer, b: Batch, *, with_entropy: bool = False, aligned: bool = False):
         """log pi(token) under the trainer's forward (suite.embedded.actor.trainer_logprobs)."""
         return trainer_logprobs(model, b, self.rollout.temperature, bf16=self.bf16, with_entropy=with_entropy,
-                                aligned_scheme=self.scheme if aligned else None, qnames=self.qnames)
+                                aligned_scheme=self.scheme if aligned else None, qnames=self.qnames,
+                                transform=self.transform)
 
     def _generate(self, prompts: list, n_round: int) -> Batch:
         G = self.algo.group_size
@@ -383,6 +397,8 @@ class EmbeddedRun:
         self._update(b, advantages, returns, values, prox_logp, ref_logp, m)
         m["timing_s/update_actor"] = time.perf_counter() - t
         after = {n: p.detach() for n, p in self.actor.named_parameters() if n in self.qnames}
+        if self.transform is not None:  # the weights the rollout quantizes are the transformed ones
+            before, after = self.transform(before), self.transform(after)
         m.update(model_update_visibility(before, after, self.scheme))
 
         m["timing_s/train"] = m["timing_s/old_log_prob"] + m.get("timing_s/ref", 0.0) + m["timing_s/adv"] + m["timing_s/update_actor"]

@@ -79,6 +79,18 @@ HISTORY_KEYS = (
     "response/error_ratio",
     "actor/acr_relaxed_frac",
     "actor/acr_tightened_frac",
+    # the mechanism (docs/metrics.md): how far r = pi_prox / pi_behav strays, how often the clip binds,
+    # how far the update moves (PPO KL, R's upper tail), entropy, gradient norm, error tokens, ACR's inversions
+    "rollout_corr/ratio_p1",
+    "rollout_corr/ratio_p99",
+    "rollout_corr/ratio_frac_below_0.5",
+    "rollout_corr/ratio_frac_above_2",
+    "actor/ppo_kl",
+    "actor/ratio_p99",
+    "actor/entropy",
+    "actor/grad_norm",
+    "response/rep4_rate/mean",
+    "actor/acr_inverted_frac",
 )
 FINISHED = "FINISHED"
 MISSING = "MISSING"  # an expected sweep cell with no MLflow run

@@ -9,6 +9,23 @@ import pandas as pd
 ACC = "acc"  # the run's held-out accuracy (val-core/<task>/acc/mean_at_1), a fraction in [0, 1]
 
 
+# Per-run means (over RL steps) of the mechanism's metrics, the runs.csv column -> its key (docs/metrics.md).
+MECHANISM_MEANS = {
+    "r_p1_mean": "rollout_corr/ratio_p1",
+    "r_p99_mean": "rollout_corr/ratio_p99",
+    "r_frac_below_half_mean": "rollout_corr/ratio_frac_below_0.5",
+    "r_frac_above_2_mean": "rollout_corr/ratio_frac_above_2",
+    "clip_high_mean": "actor/pg_clipfrac_high_bound",
+    "clip_low_mean": "actor/pg_clipfrac_low_bound",
+    "ppo_kl_mean": "actor/ppo_kl",
+    "ratio_p99_mean": "actor/ratio_p99",
+    "entropy_mean": "actor/entropy",
+    "grad_norm_mean": "actor/grad_norm",
+    "rep4_rate_mean": "response/rep4_rate/mean",
+    "acr_inverted_mean": "actor/acr_inverted_frac",
+}
+
+
 def summarize(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     """Per-run summaries of the history, added as columns of `runs` (pure):
 
@@ -18,7 +35,9 @@ def summarize(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     (`perf/gen_tokens_per_s`), sync_s (`timing_s/update_weights`), gen_s (`timing_s/gen`),
     step_s (`timing_s/step`), the mismatch kl_mean / k3_kl_mean (`rollout_corr/kl`, `k3_kl`),
     train_acc_mean (`train/acc`), error_ratio_mean (`response/error_ratio`), clipfrac_mean
-    (`actor/pg_clipfrac`), acr_relaxed_mean / acr_tightened_mean (`actor/acr_*_frac`, ACR runs);
+    (`actor/pg_clipfrac`), acr_relaxed_mean / acr_tightened_mean (`actor/acr_*_frac`, ACR runs), and
+    the mechanism (MECHANISM_MEANS: r's tails, the clip fraction at each bound, ppo_kl, R's p99,
+    entropy, pre-clip gradient norm, the repeated-4-gram rate, ACR's inverted-bound fraction);
     acc_max (best held-out accuracy, step 0 included); last_step: the last step any metric was
     logged at. A mean over a metric a run never logged is NaN.
     """
@@ -38,6 +57,7 @@ def summarize(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
         "clipfrac_mean": "actor/pg_clipfrac",
         "acr_relaxed_mean": "actor/acr_relaxed_frac",
         "acr_tightened_mean": "actor/acr_tightened_frac",
+        **MECHANISM_MEANS,
     }
     new = pd.DataFrame(index=out["mlflow_run_id"])
     if h.empty:

@@ -35,7 +35,9 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
     # --python-loop a twin of each precision whose decode step runs the C++ layer loop
     twin = fused.available()
     by = {(r["batch"], r["precision"]): r for r in rows}
-    base = ("fp32", "bf16", "int8", "fp8", "w4a16")
+    from suite.core.quant import PRECISIONS
+
+    base = PRECISIONS  # the quantizer registry's order: fp32, bf16, int8, fp8, w4a16, wa16
     loops = [p for p in base if by[(2, p)]["path"].endswith("+cpp-loop")]
     assert "fp8" not in loops  # its linears are not plain, nor fused W8A8
     assert ("fp32" in loops) == (shutil.which("g++") is not None)  # plain + float32 attention: wherever it builds
@@ -76,7 +78,7 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--precisions", "fp32,int9"], "--precisions='int9' is not allowed; choose from: fp32, bf16, int8, fp8, w4a16"),
+    (["--precisions", "fp32,int9"], "--precisions='int9' is not allowed; choose from: fp32, bf16, int8, fp8, w4a16, wa16"),
     (["--models", "huge"], "--models='huge' is not allowed; choose from: tiny, small, base, large, wide"),
     (["--new-tokens", "300"], "max_seq_len 256 of model small"),
     (["--kernels", "fast"], "--kernels='fast' is not allowed; choose from: auto, native, emulated"),

@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.testing import assert_close
 
 from suite.core.quant import (
     FP8_E4M3_MAX,
@@ -343,3 +344,72 @@ def test_int8_error_of_w_over_s_is_s_times_smaller(seed, s, out_f, in_f) -> None
     err_ws = fake_quant(w / s, scheme) - w / s
     torch.testing.assert_close(err_ws, err_w / s)
     torch.testing.assert_close(quant_step(w / s, scheme), quant_step(w, scheme) / s)
+
+
+# ----------------------------------------------------------------------------- wa16: W{b}A16, the weight-only dose axis
+# Hand-computed codes; the inputs are chosen so every scale is exact (symmetric: amax / (2**(b-1) - 0.5),
+# asymmetric: (hi - lo) / (2**b - 1)) and the ties show round-half-to-even and the clamp.
+WINT_HAND = [
+    # bits, w [1, 8] (two groups of 4), codes, scales
+    (4, [15.0, -5.0, 1.0, 2.6, -15.0, 3.0, -0.9, 0.2], [7, -2, 0, 1, -8, 2, 0, 0], [2.0, 2.0]),  # 15 / 7.5
+    (3, [7.0, -5.0, 1.0, 2.6, -7.0, 3.0, -0.9, 0.2], [3, -2, 0, 1, -4, 2, 0, 0], [2.0, 2.0]),  # 7 / 3.5
+    (2, [3.0, -1.0, 1.2, -3.0, 0.75, 0.0, -0.5, 0.25], [1, 0, 1, -2, 1, 0, -1, 0], [2.0, 0.5]),  # 3 / 1.5, 0.75 / 1.5
+    (8, [255.0, -255.0, 3.0, -101.0, 1.0, 0.0, 0.0, 0.0], [127, -128, 2, -50, 127, 0, 0, 0], [2.0, 1 / 127.5]),
+]
+
+
+@pytest.mark.parametrize("bits, w, codes, scales", WINT_HAND, ids=[f"w{b}" for b, *_ in WINT_HAND])
+def test_wint_symmetric_codes_by_hand(bits, w, codes, scales) -> None:
+    from suite.core.quant import quantize_wint
+
+    q = quantize(torch.tensor([w]), QuantScheme("wa16", bits=bits, group_size=4))
+    assert q.codes.dtype == torch.int8 and q.zeros is None
+    assert q.codes.tolist() == [codes]
+    assert_close(q.scales, torch.tensor([scales]))
+    assert_close(dequantize(q), torch.tensor([codes], dtype=torch.float32).view(1, 2, 4).mul(
+        torch.tensor(scales).view(1, 2, 1)).view(1, 8))
+    c2, s2 = quantize_wint(torch.tensor([w]), bits, 4)
+    assert torch.equal(c2, q.codes) and torch.equal(s2, q.scales)
+
+
+def test_wint_3bit_asymmetric_by_hand() -> None:
+    # lo = -8, hi = 6: scale = 14 / 7 = 2, zero = round(8 / 2) = 4, codes = round(w / 2) + 4 (0.5 -> 0)
+    w = torch.tensor([[6.0, -8.0, 1.0, 0.0]])
+    q = quantize(w, QuantScheme("wa16", bits=3, group_size=4, symmetric=False))
+    assert q.codes.dtype == torch.uint8
+    assert q.codes.tolist() == [[7, 0, 4, 4]] and q.zeros.tolist() == [[4]]
+    assert_close(q.scales, torch.tensor([[2.0]]))
+    assert_close(dequantize(q), torch.tensor([[6.0, -8.0, 0.0, 0.0]]))
+    assert_close(quant_step(w, q.scheme), torch.full((1, 4), 2.0))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_wa16_at_4_bits_is_w4a16_bit_for_bit(symmetric: bool) -> None:
+    w = torch.randn(16, 40, generator=torch.Generator().manual_seed(3))
+    a = QuantScheme("w4a16", group_size=16, symmetric=symmetric)
+    b = QuantScheme("wa16", bits=4, group_size=16, symmetric=symmetric)
+    assert torch.equal(fake_quant(w, a), fake_quant(w, b))
+    assert torch.equal(quant_step(w, a), quant_step(w, b))
+    qa, qb = quantize(w, a), quantize(w, b)
+    assert torch.equal(qa.codes, qb.codes) and torch.equal(qa.scales, qb.scales)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])
+def test_wint_error_within_half_a_step_and_shrinks_with_bits(bits: int) -> None:
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(bits))
+    s = QuantScheme("wa16", bits=bits, group_size=16)
+    err = (fake_quant(w, s) - w).abs()
+    # symmetric: the clamp at the top code can add up to half a step more at the group's amax
+    assert bool((err <= quant_step(w, s) * (0.5 + 1e-6) + (quant_step(w, s) * 0.5)).all())
+    if bits > 2:
+        coarser = QuantScheme("wa16", bits={3: 2, 4: 3, 6: 4, 8: 6}[bits], group_size=16)
+        assert err.mean() < (fake_quant(w, coarser) - w).abs().mean()
+
+
+def test_wint_bits_outside_the_served_set_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"bits=5.*\(2, 3, 4, 6, 8\)"):
+        QuantScheme("wa16", bits=5)
+    from suite.core.quant import quantize_wint
+
+    with pytest.raises(ValueError, match=r"bits=1"):
+        quantize_wint(torch.ones(2, 4), 1, 4)

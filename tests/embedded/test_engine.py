@@ -343,3 +343,46 @@ def test_every_registered_precision_has_an_engine_linear():
     from suite.embedded.qlinear import ENGINE_LINEARS
 
     assert list(ENGINE_LINEARS) == list(QUANTIZERS)
+
+
+# ----------------------------------------------------------------------------- dose axes: wa16 widths, lm_head, outliers
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])
+@pytest.mark.parametrize("lm_head", [False, True])
+def test_every_weight_only_dose_composes(model, bits: int, lm_head: bool):
+    """Each W{b}A16 level builds and syncs (the lm_head quantized too when asked), and its mismatch
+    against the fp32 engine shrinks with the width; at 4 bits it is the w4a16 engine bit for bit."""
+    tokens = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(0))
+    scheme = QuantScheme("wa16", bits=bits, group_size=32)
+    e = RolloutEngine(model, scheme, kernels="emulated", lm_head=lm_head)
+    expect = fake_quant(model.lm_head.weight.detach(), scheme).to(torch.bfloat16).float() if lm_head \
+        else model.lm_head.weight.detach().to(torch.bfloat16).float()
+    assert torch.equal(e.model.lm_head.weight.float(), expect)
+    out = e.logits(tokens)
+    assert torch.isfinite(out).all()
+    if bits == 4:
+        w4 = RolloutEngine(model, QuantScheme("w4a16", group_size=32), kernels="emulated", lm_head=lm_head)
+        assert torch.equal(out, w4.logits(tokens))
+
+
+def test_weight_only_mismatch_falls_with_width(model):
+    tokens = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(0))
+    ref = RolloutEngine(model, QuantScheme("fp32")).logits(tokens)
+    gaps = [float((RolloutEngine(model, QuantScheme("wa16", bits=b, group_size=32), kernels="emulated")
+                   .logits(tokens) - ref).abs().mean()) for b in (2, 3, 4, 6, 8)]
+    assert gaps == sorted(gaps, reverse=True), gaps
+
+
+def test_outlier_transform_keeps_fp32_and_coarsens_int8(model):
+    """The outlier transform at sync: the fp32 engine's logits are unchanged (alpha a power of two:
+    bit for bit), the int8 engine's distance from them grows with alpha."""
+    tokens = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(0))
+    ref = RolloutEngine(model, QuantScheme("fp32")).logits(tokens)
+    out = RolloutEngine(model, QuantScheme("fp32"), outlier_alpha=16.0, outlier_channels=4).logits(tokens)
+    assert_close(out, ref)
+    gaps = [float((RolloutEngine(model, QuantScheme("int8"), kernels="emulated", outlier_alpha=a,
+                                 outlier_channels=4).logits(tokens) - ref).abs().mean()) for a in (1.0, 8.0, 64.0)]
+    assert gaps[0] < gaps[1] < gaps[2], gaps
+    # the source model is untouched by a sync
+    assert torch.equal(model.layers[0].attn_norm.weight, make_model().layers[0].attn_norm.weight)

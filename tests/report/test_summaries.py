@@ -34,3 +34,18 @@ def test_summaries_are_means_over_rl_steps_by_hand():
     assert out.loc["b", "acc_max"] == pytest.approx(0.40)  # the baseline beat every later evaluation
     assert np.isnan(out.loc["b", "acr_relaxed_mean"]) and np.isnan(out.loc["b", "error_ratio_mean"])
     assert np.isnan(out.loc["a", "acr_tightened_mean"])  # a metric absent from the history
+
+
+def test_mechanism_metrics_are_read_and_summarized():
+    """Every mechanism key (r's tails, clip high / low, ppo_kl, R's p99, entropy, gradient norm, error
+    tokens, ACR's inversions) is read step by step and becomes a per-run mean over RL steps."""
+    from suite.report.summaries import MECHANISM_MEANS
+
+    assert set(MECHANISM_MEANS.values()) <= set(D.HISTORY_KEYS)
+    runs = pd.DataFrame({"mlflow_run_id": ["a"]})
+    rows = [{"mlflow_run_id": "a", "step": 0, D.ACC: 0.5}]
+    for step, v in ((1, 0.01), (2, 0.03)):
+        rows.append({"mlflow_run_id": "a", "step": step, D.ACC: math.nan, **{k: v for k in MECHANISM_MEANS.values()}})
+    out = D.summarize(runs, pd.DataFrame(rows)).set_index("mlflow_run_id")
+    for col in MECHANISM_MEANS:
+        assert out.loc["a", col] == pytest.approx(0.02), col

@@ -257,12 +257,13 @@ def test_dry_run_prints_each_cells_exact_command(verl_paths, tmp_path, capsys):
 
 def test_verl_rollouts_are_registered_precisions():
     """Every precision verl runs is one of the quantizer registry's; fp32 (no quantization) has no
-    vLLM rollout. The config's choices for backend=verl are this table's keys."""
+    vLLM rollout, and quantizers marked `verl=False` (wa16) are embedded only. The config's choices for
+    backend=verl are this table's keys."""
     from suite.core.quant import QUANTIZERS
     from suite.verl.config import VERL_PRECISIONS
     from suite.verl.rollout_quant import VERL_ROLLOUTS
 
-    assert set(VERL_ROLLOUTS) == {n for n, q in QUANTIZERS.items() if not q.lossless}
+    assert set(VERL_ROLLOUTS) == {n for n, q in QUANTIZERS.items() if not q.lossless and q.verl}
     assert VERL_PRECISIONS == tuple(VERL_ROLLOUTS)
 
 
