@@ -66,6 +66,9 @@ class TaskConfig:
     # avg@k (QuRL reports AIME avg@32): k samples per held-out prompt at rollout.temperature / top_p,
     # logged as val-core/<task>/acc/mean@k next to the greedy mean@1; 0 = off, else >= 2 (embedded only)
     eval_samples: int = 0
+    # also score the quantized rollout copy (greedy, same prompts) at every evaluation, logged as
+    # val-aux/<task>/rollout_acc/mean@1 (embedded only; the training trajectory is unchanged)
+    eval_rollout_copy: bool = False
 
 
 @dataclass
@@ -154,6 +157,10 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global gradient norm
     epochs: int = 1  # passes over each step's rollouts (ppo_epochs)
     minibatches: int = 2  # optimizer steps per epoch (ppo_mini_batch = rollouts / minibatches)
+    # every k steps (0 = never): the naive and TIS policy gradients on the step's whole batch before
+    # its first update, compared (actor/grad_probe_cos, actor/grad_probe_norm_ratio); two extra
+    # backward passes, the update itself unchanged (embedded only)
+    grad_probe_every: int = 0
     # Trainer forward/backward precision (master weights stay fp32). fp32 on every machine by
     # default: an fp32 pi_prox isolates the rollout's quantization mismatch (docs/math.md, "Trainer
     # precision"); bf16 is verl's FSDP mixed precision, the papers' setting; auto = bf16 where the
@@ -396,6 +403,7 @@ def validate(cfg: DictConfig) -> None:
     # > 0: torch's clip_grad_norm_ with a negative max norm flips every gradient (gradient ascent)
     check_number(cfg, "train.grad_clip", 0, lo_open=True)
     check_number(cfg, "train.epochs", 1)
+    check_number(cfg, "train.grad_probe_every", 0)
     check_number(cfg, "train.minibatches", 1)
     check_number(cfg, "seed", 0, _SEED_LIMIT, hi_open=True)
     check_number(cfg, "steps", 1)

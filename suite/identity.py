@@ -24,6 +24,8 @@ OMITTED_AT_DEFAULT = {
     "quant.lm_head": False,
     "quant.outlier_alpha": 1.0,
     "quant.outlier_channels": 4,
+    "task.eval_rollout_copy": False,
+    "train.grad_probe_every": 0,
 }
 
 

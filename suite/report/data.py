@@ -36,7 +36,7 @@ from suite.report.identity import (  # noqa: F401 (SUPERSEDED: a status of the f
     supersede,
 )
 from suite.report.history import read_history
-from suite.report.summaries import ACC, summarize  # noqa: F401 (summarize: part of this module's API)
+from suite.report.summaries import ACC, ACC_ROLLOUT, summarize  # noqa: F401 (summarize: part of this module's API)
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,9 @@ HISTORY_KEYS = (
     "actor/grad_norm",
     "response/rep4_rate/mean",
     "actor/acr_inverted_frac",
+    # the paired gradient probe (train.grad_probe_every): naive vs TIS gradient on one batch
+    "actor/grad_probe_cos",
+    "actor/grad_probe_norm_ratio",
 )
 FINISHED = "FINISHED"
 MISSING = "MISSING"  # an expected sweep cell with no MLflow run
@@ -101,6 +104,11 @@ SEARCH_PAGE = 50_000  # runs per search request (mlflow's SEARCH_MAX_RESULTS_THR
 def acc_key(task: str) -> str:
     """MLflow key of held-out accuracy for `task` (docs/metrics.md; `@1` sanitized to `_at_1`)."""
     return f"val-core/{task}/acc/mean_at_1"
+
+
+def rollout_acc_key(task: str) -> str:
+    """MLflow key of the quantized rollout copy's held-out accuracy (task.eval_rollout_copy)."""
+    return f"val-aux/{task}/rollout_acc/mean_at_1"
 
 
 @dataclass
@@ -250,7 +258,8 @@ def coerce_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 def history_frame(long: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Long (run, step, key, value) -> one row per run x step, a column per metric, the axes
-    as columns, and `acc` = the run's own task's held-out accuracy (NaN between evaluations)."""
+    as columns, `acc` = the run's own task's held-out accuracy and `acc_rollout` = its quantized
+    rollout copy's (NaN between evaluations, and where the run did not score its copy)."""
     cols = ["mlflow_run_id", "step"]
     if long.empty:
         wide = pd.DataFrame(columns=cols)
@@ -260,15 +269,16 @@ def history_frame(long: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         wide.columns.name = None
     meta = runs[["mlflow_run_id", "status", "method", "lr", *AXES, *HISTORY_IDENTITY]]
     wide = wide.merge(meta, on="mlflow_run_id", how="left")
-    acc = np.full(len(wide), np.nan)
-    for task in runs["task"].unique():
-        key = acc_key(task)
-        if key in wide.columns:
-            sel = (wide["task"] == task).to_numpy()
-            acc[sel] = wide.loc[sel, key].to_numpy(dtype=float)
-    wide[ACC] = acc
+    for col, key_of in ((ACC, acc_key), (ACC_ROLLOUT, rollout_acc_key)):
+        acc = np.full(len(wide), np.nan)
+        for task in runs["task"].unique():
+            key = key_of(task)
+            if key in wide.columns:
+                sel = (wide["task"] == task).to_numpy()
+                acc[sel] = wide.loc[sel, key].to_numpy(dtype=float)
+        wide[col] = acc
     wide["step"] = wide["step"].astype(int)
-    lead = ["mlflow_run_id", "step", "status", "method", "lr", *AXES, *HISTORY_IDENTITY, ACC]
+    lead = ["mlflow_run_id", "step", "status", "method", "lr", *AXES, *HISTORY_IDENTITY, ACC, ACC_ROLLOUT]
     rest = sorted(c for c in wide.columns if c not in lead)
     return wide[lead + rest].sort_values(["mlflow_run_id", "step"]).reset_index(drop=True)
 
@@ -315,7 +325,8 @@ def load_runs(
     t_search = time.perf_counter() - t0
     _progress(f"{len(mruns)} runs found in {t_search:.1f} s ({tracking_uri})", quiet)
     runs = runs_frame(mruns)
-    keys = list(history_keys) + sorted({acc_key(t) for t in runs["task"].unique() if t})
+    tasks = [t for t in runs["task"].unique() if t]
+    keys = list(history_keys) + sorted({acc_key(t) for t in tasks} | {rollout_acc_key(t) for t in tasks})
     t1 = time.perf_counter()
     long, used = read_history(client, runs["mlflow_run_id"].tolist(), keys, source=history_source)
     t_hist = time.perf_counter() - t1

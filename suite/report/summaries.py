@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 ACC = "acc"  # the run's held-out accuracy (val-core/<task>/acc/mean_at_1), a fraction in [0, 1]
+ACC_ROLLOUT = "acc_rollout"  # its quantized rollout copy's (val-aux/<task>/rollout_acc/mean_at_1)
 
 
 # Per-run means (over RL steps) of the mechanism's metrics, the runs.csv column -> its key (docs/metrics.md).
@@ -23,6 +24,8 @@ MECHANISM_MEANS = {
     "grad_norm_mean": "actor/grad_norm",
     "rep4_rate_mean": "response/rep4_rate/mean",
     "acr_inverted_mean": "actor/acr_inverted_frac",
+    "grad_probe_cos_mean": "actor/grad_probe_cos",
+    "grad_probe_norm_ratio_mean": "actor/grad_probe_norm_ratio",
 }
 
 
@@ -37,8 +40,10 @@ def summarize(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     train_acc_mean (`train/acc`), error_ratio_mean (`response/error_ratio`), clipfrac_mean
     (`actor/pg_clipfrac`), acr_relaxed_mean / acr_tightened_mean (`actor/acr_*_frac`, ACR runs), and
     the mechanism (MECHANISM_MEANS: r's tails, the clip fraction at each bound, ppo_kl, R's p99,
-    entropy, pre-clip gradient norm, the repeated-4-gram rate, ACR's inverted-bound fraction);
-    acc_max (best held-out accuracy, step 0 included); last_step: the last step any metric was
+    entropy, pre-clip gradient norm, the repeated-4-gram rate, ACR's inverted-bound fraction, the
+    naive-vs-TIS gradient probe); acc_max (best held-out accuracy, step 0 included); acc_rollout0 /
+    acc_rollout_final (the quantized rollout copy's held-out accuracy at step 0 and at its last
+    evaluation, runs with task.eval_rollout_copy); last_step: the last step any metric was
     logged at. A mean over a metric a run never logged is NaN.
     """
     out = runs.copy()
@@ -61,13 +66,19 @@ def summarize(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     }
     new = pd.DataFrame(index=out["mlflow_run_id"])
     if h.empty:
-        for col in ("acc0", "acc_max", "kl_first", "kl_last", "last_step", *means):
+        for col in ("acc0", "acc_max", "acc_rollout0", "acc_rollout_final", "kl_first", "kl_last", "last_step",
+                    *means):
             new[col] = np.nan
     else:
         g = h.groupby("mlflow_run_id")
         new["last_step"] = g["step"].max()
         new["acc0"] = h[h["step"] == 0].set_index("mlflow_run_id")[ACC]
         new["acc_max"] = g[ACC].max()
+        copy = h.dropna(subset=[ACC_ROLLOUT]).sort_values("step").groupby("mlflow_run_id")[ACC_ROLLOUT] \
+            if ACC_ROLLOUT in h.columns else None
+        new["acc_rollout0"] = h[h["step"] == 0].set_index("mlflow_run_id")[ACC_ROLLOUT] \
+            if ACC_ROLLOUT in h.columns else np.nan
+        new["acc_rollout_final"] = copy.last() if copy is not None else np.nan
         rl = h[h["step"] >= 1]
         if "rollout_corr/kl" in rl.columns:
             kl = rl.dropna(subset=["rollout_corr/kl"]).sort_values("step").groupby("mlflow_run_id")["rollout_corr/kl"]

@@ -81,10 +81,15 @@ def validate_verl(cfg: DictConfig) -> None:
     if b.device == "cpu":
         _check_vllm_cpu(cfg.quant.precision)
     check(not cfg.quant.lm_head, "quant.lm_head",
-           "runs on the embedded backend only (verl's quantized rollouts keep lm_head in 16 bit); allowed with "
-           "backend=verl: false")
+          "runs on the embedded backend only (verl's quantized rollouts keep lm_head in 16 bit); allowed with "
+          "backend=verl: false")
     check(cfg.quant.outlier_alpha == 1.0, "quant.outlier_alpha",
-           "the activation-outlier transform runs on the embedded backend only; allowed with backend=verl: 1.0")
+          "the activation-outlier transform runs on the embedded backend only; allowed with backend=verl: 1.0")
+    check(not cfg.task.eval_rollout_copy, "task.eval_rollout_copy",
+          "scores the embedded backend's quantized rollout copy; verl validates through its rollout engine "
+          "already. allowed with backend=verl: false")
+    check(cfg.train.grad_probe_every == 0, "train.grad_probe_every",
+          "the paired gradient probe runs on the embedded backend only; allowed with backend=verl: 0")
     check(cfg.uaq.group_lr_s == 1.0, "uaq.group_lr_s",
           "the per-group learning-rate control runs on the embedded backend only (verl's actor has one LR); allowed "
           "with backend=verl: 1.0")

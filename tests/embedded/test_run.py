@@ -179,6 +179,43 @@ def test_other_algorithms_and_corrections_run(tmp_path, algo, correction):
         assert entries[-1]["metrics"]["train/num_gen_batches"] >= 1
 
 
+def _trajectory(entries):
+    """Each step's metrics that the training computes (no timings, throughput or warm-start cache facts)."""
+    return [(e["step"], {k: v for k, v in e["metrics"].items() if not k.startswith(("timing_s/", "perf/", "warm_start/"))})
+            for e in entries]
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
+def test_grad_probe_and_rollout_copy_scores_leave_the_trajectory_bit_identical(tmp_path, precision):
+    """train.grad_probe_every=1 and task.eval_rollout_copy=true add their metrics and change nothing
+    else, bit for bit: every step's loss, ratios, rewards and accuracies equal the plain run's.
+    With fp32 rollouts r = pi_prox / pi_behav is 1 to float rounding, so TIS's weight min(r, 2) is 1
+    and the two probed gradients coincide (cosine 1, norm ratio 1); under INT8 they differ a little."""
+    common = ["steps=3", "eval_every=2", f"quant={precision}", "rollout.prompts_per_step=8"]
+    plain_dir, _ = run_cfg(tiny_cfg(tmp_path / "plain", *common))
+    cfg = tiny_cfg(tmp_path / "probed", *common, "train.grad_probe_every=1", "task.eval_rollout_copy=true")
+    assert run_id(cfg) != os.path.basename(plain_dir)  # the extra metrics make it another run
+    probed_dir, _ = run_cfg(cfg)
+    plain, probed = (read_jsonl(os.path.join(d, "metrics.jsonl")) for d in (plain_dir, probed_dir))
+    extra = ("actor/grad_probe_cos", "actor/grad_probe_norm_ratio", "val-aux/arith/rollout_acc/mean@1")
+    stripped = [(s, {k: v for k, v in m.items() if k not in extra}) for s, m in _trajectory(probed)]
+    assert stripped == _trajectory(plain)
+    copy_acc = "val-aux/arith/rollout_acc/mean@1"
+    assert [e["step"] for e in probed if copy_acc in e["metrics"]] == [0, 2, 3]
+    for e in probed:
+        if copy_acc in e["metrics"]:
+            acc = e["metrics"][copy_acc] * cfg.task.n_eval
+            assert 0 <= acc <= cfg.task.n_eval and acc == pytest.approx(round(acc), abs=1e-9)
+    probes = [e["metrics"] for e in probed if "actor/grad_probe_cos" in e["metrics"]]
+    assert len(probes) == 3  # none of these steps has all its groups tied (then nothing is logged)
+    for m in probes:
+        cos, ratio = m["actor/grad_probe_cos"], m["actor/grad_probe_norm_ratio"]
+        if precision == "fp32":
+            assert cos == pytest.approx(1.0, abs=1e-5) and ratio == pytest.approx(1.0, abs=1e-5), (cos, ratio)
+        else:  # INT8's r strays from 1 on some tokens: the directions stay close, not equal
+            assert 0.5 < cos < 1 - 1e-7 and 0.5 < ratio < 2, (cos, ratio)
+
+
 def test_aligned_forward_brings_the_trainer_to_the_rollout_policy(tmp_path):
     common = ["quant=w4a16", "quant.group_size=32", "correction=tbpo", "steps=1", "eval_every=1"]
     kls = {}

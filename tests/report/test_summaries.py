@@ -49,3 +49,22 @@ def test_mechanism_metrics_are_read_and_summarized():
     out = D.summarize(runs, pd.DataFrame(rows)).set_index("mlflow_run_id")
     for col in MECHANISM_MEANS:
         assert out.loc["a", col] == pytest.approx(0.02), col
+
+
+def test_rollout_copy_accuracy_at_step_0_and_at_its_last_evaluation():
+    """acc_rollout0 / acc_rollout_final: the quantized copy's held-out accuracy at the baseline and
+    at the last step that scored it (not the last step); NaN for a run that never scored its copy."""
+    nan = math.nan
+    runs = pd.DataFrame({"mlflow_run_id": ["a", "b"]})
+    history = pd.DataFrame([
+        {"mlflow_run_id": "a", "step": 0, D.ACC: 0.50, D.ACC_ROLLOUT: 0.45},
+        {"mlflow_run_id": "a", "step": 1, D.ACC: nan, D.ACC_ROLLOUT: nan},
+        {"mlflow_run_id": "a", "step": 2, D.ACC: 0.60, D.ACC_ROLLOUT: 0.55},
+        {"mlflow_run_id": "a", "step": 3, D.ACC: nan, D.ACC_ROLLOUT: nan},
+        {"mlflow_run_id": "b", "step": 0, D.ACC: 0.40, D.ACC_ROLLOUT: nan},
+        {"mlflow_run_id": "b", "step": 1, D.ACC: 0.42, D.ACC_ROLLOUT: nan},
+    ])
+    out = D.summarize(runs, history).set_index("mlflow_run_id")
+    assert out.loc["a", "acc_rollout0"] == pytest.approx(0.45)
+    assert out.loc["a", "acc_rollout_final"] == pytest.approx(0.55)
+    assert np.isnan(out.loc["b", "acc_rollout0"]) and np.isnan(out.loc["b", "acc_rollout_final"])
