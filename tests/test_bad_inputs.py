@@ -110,7 +110,7 @@ _add("combination", [
     (["uaq.s=1.5", "uaq.group_lr_s=1.5"], "uaq.group_lr_s"), ("backend.name=verl", "backend"),
     ("backend=verl", "backend.model_path"), ("algo.group_size=1", "algo.group_size"),
     ("quant.weight_bits=3", "quant.weight_bits"), (["quant=fp32", "quant.lm_head=true"], "quant.lm_head"),
-    ("quant.outlier_channels=0", "quant.outlier_channels"),
+    ("quant.outlier_channels=0", "quant.outlier_channels"), ("train.grad_probe_every=-1", "train.grad_probe_every"),
 ])
 
 # what the task's prompts, traces and held-out split allow (suite.embedded.config): refused at compose,
@@ -137,6 +137,8 @@ _add("verl backend", [
     ([*_VERL, "quant=fp32"], "quant.precision"), ([*_VERL, "+backend.nodes=2"], "backend.nodes"),
     ([*_VERL, "quant=wa16"], "quant.precision"), ([*_VERL, "quant.outlier_alpha=8"], "quant.outlier_alpha"),
     ([*_VERL, "quant.lm_head=true"], "quant.lm_head"),
+    ([*_VERL, "task.eval_rollout_copy=true"], "task.eval_rollout_copy"),
+    ([*_VERL, "train.grad_probe_every=10"], "train.grad_probe_every"),
 ])
 
 # Hydra's runner keys: the suite runs no Hydra app, so they are refused rather than ignored

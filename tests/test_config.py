@@ -193,24 +193,32 @@ def test_every_weight_only_dose_composes_and_names_its_width(bits):
     assert run_id(cfg).startswith(f"grpo-w{bits}a16-")
 
 
-def test_new_quant_keys_leave_existing_run_ids_alone():
-    """Keys added for the dose axes are left out of the hash and the params at their defaults
-    (suite.identity.OMITTED_AT_DEFAULT), so every config composed before them keeps its id."""
+def test_new_keys_leave_existing_run_ids_alone():
+    """Keys added for the dose map (the dose axes, the rollout copy's score, the gradient probe) are
+    left out of the hash and the params at their defaults (suite.identity.OMITTED_AT_DEFAULT), so
+    every config composed before them keeps its id; set, each makes another run."""
     from suite.config import compose_config, run_id
     from suite.identity import OMITTED_AT_DEFAULT, semantic_config
 
     cfg = compose_config([])
-    quant = semantic_config(cfg)["quant"]
-    assert not {k.split(".", 1)[1] for k in OMITTED_AT_DEFAULT} & set(quant)
+    sem = semantic_config(cfg)
+    for key in OMITTED_AT_DEFAULT:
+        section, leaf = key.split(".", 1)
+        assert leaf not in sem[section], key
     # a config without the keys at all (as composed before they existed) has the same id
     from omegaconf import OmegaConf
 
     old = OmegaConf.create(OmegaConf.to_container(cfg))
     for key in OMITTED_AT_DEFAULT:
-        del old.quant[key.split(".", 1)[1]]
+        section, leaf = key.split(".", 1)
+        del old[section][leaf]
     assert run_id(old) == run_id(cfg)
     dosed = compose_config(["quant.outlier_alpha=16"])
     assert semantic_config(dosed)["quant"]["outlier_alpha"] == 16.0 and run_id(dosed) != run_id(cfg)
+    for override, section, leaf in (("task.eval_rollout_copy=true", "task", "eval_rollout_copy"),
+                                    ("train.grad_probe_every=10", "train", "grad_probe_every")):
+        other = compose_config([override])
+        assert leaf in semantic_config(other)[section] and run_id(other) != run_id(cfg), override
 
 
 def test_bad_width_and_group_size_name_the_allowed_values():
