@@ -163,12 +163,13 @@ def policy_loss(
     :data:`CORRECTIONS`. Per token, with ``clip(x, lo, hi) = min(max(x, lo), hi)`` (the upper
     bound wins when hi < lo) and ``lo = 1 - clip_low``:
 
-    - "naive"  (the papers' uncorrected baseline: stock verl, FlashRL's "without TIS", the run
-      that collapses in QuRL): ``min(R A, clip(R, lo, 1+clip_high) A)``, ``R = pi_theta / pi_prox``;
-      pi_behav sampled the tokens but is ignored, so the gradient carries the mismatch's bias.
-    - "bypass" (verl's rollout-correction bypass mode, ``bypass_mode=true, loss_type=ppo_clip``):
-      the same with ``R' = pi_theta / pi_behav``; importance-correct with respect to the sampler,
-      a different estimator from the papers' baseline; ``prox_logp`` is unused.
+    - "naive"  (FlashRL's uncorrected baseline, "without TIS", and stock verl):
+      ``min(R A, clip(R, lo, 1+clip_high) A)``, ``R = pi_theta / pi_prox``; pi_behav sampled the
+      tokens but is ignored, so the gradient carries the mismatch's bias.
+    - "bypass" (QuRL's uncorrected baseline: the quantized actor is the old policy; verl's
+      rollout-correction bypass mode, ``bypass_mode=true, loss_type=ppo_clip``): the same with
+      ``R' = pi_theta / pi_behav``; importance-correct with respect to the sampler; ``prox_logp``
+      is unused.
     - "tis"    (FlashRL truncated IS, Yao et al. 2025): ``min(r, C) * naive``, ``C = tis_cap``;
       equals verl vanilla with ``rollout_is_weights = min(exp(prox - behav), C)``.
     - "acr"    (QuRL Eq. ACR, arXiv 2602.13953): ``min(r, C) * min(R A, clip(R, lo, (1+clip_high)/r) A)``.
@@ -277,8 +278,8 @@ def _token_clip(logp, anchor, advantages, mask, *, agg, clip_low, clip_high, dua
 
 @register_correction(
     "naive", label="naive", needs_prox=True, needs_behav=False,
-    reproduces="the papers' uncorrected baseline: stock verl with a quantized rollout (FlashRL's 'without TIS'; "
-               "the naive INT8 run that collapses in QuRL): PPO clip against the recomputed pi_prox",
+    reproduces="FlashRL's uncorrected baseline ('without TIS') and stock verl with a quantized rollout: PPO "
+               "clip against the recomputed pi_prox, pi_behav ignored",
     verl="vanilla")
 def _naive(logp, prox_logp, behav_logp, advantages, mask, **kw):
     return _token_clip(logp, prox_logp, advantages, mask, **kw)
@@ -286,8 +287,9 @@ def _naive(logp, prox_logp, behav_logp, advantages, mask, **kw):
 
 @register_correction(
     "bypass", label="bypass", needs_prox=False, needs_behav=True,
-    reproduces="verl's rollout-correction bypass mode (bypass_mode=true, loss_type=ppo_clip): PPO clip "
-               "anchored on pi_behav, no IS weight",
+    reproduces="QuRL's uncorrected baseline (the quantized actor as the old policy) and verl's "
+               "rollout-correction bypass mode (bypass_mode=true, loss_type=ppo_clip): PPO clip anchored on "
+               "pi_behav, no IS weight",
     verl="bypass")
 def _bypass(logp, prox_logp, behav_logp, advantages, mask, **kw):
     return _token_clip(logp, behav_logp, advantages, mask, **kw)
