@@ -47,7 +47,7 @@ def _load(args: argparse.Namespace):
     if getattr(args, "max_cells", None) is not None:
         extra.append(f"launcher.max_cells={args.max_cells}")
     try:
-        return load_sweep(args.file, extra, recorded=args.kind == "status")  # status reads the launch's record
+        return load_sweep(args.file, extra, recorded=args.kind == "status")  # status: what the last launch submitted
     except SweepError as exc:
         print(f"suite: bad sweep: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -97,6 +97,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         states = cell_states(sweep)
         print(f"sweep {sweep.name} ({sweep.path}); state {sweep.state_dir}")
+        if sweep.launch_note:
+            print(f"note: {sweep.launch_note}")
         print_states(states)
         if all(s.state == "done" for s in states) and parent_status(sweep) == "RUNNING":
             # a `--no-wait` SLURM sweep: its driver returned before the end; the next one records it

@@ -11,11 +11,14 @@ raises `SweepError` naming the file, the cell and the key.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import itertools
 import json
 import math
 import os
+import re
+import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
@@ -99,6 +102,72 @@ class Cell:
         return ["suite", "run", *self.overrides]
 
 
+class RecordedCell(Cell):
+    """A cell as a launch recorded it in `matrix.json`: its config is composed only if asked for."""
+
+    def __init__(self, *, steps: int, **fields):
+        self._cfg: Optional[DictConfig] = None
+        self._steps = steps
+        super().__init__(cfg=None, **fields)
+
+    @property
+    def cfg(self) -> DictConfig:
+        if self._cfg is None:
+            from suite.config import compose_config
+
+            self._cfg = compose_config(list(self.overrides))
+        return self._cfg
+
+    @cfg.setter
+    def cfg(self, value: Optional[DictConfig]) -> None:
+        self._cfg = value
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+
+def launch_hash(text: str, cli_overrides: list[str]) -> str:
+    """What a launch recorded of the sweep file and its command-line overrides."""
+    return hashlib.sha256(json.dumps([text, list(cli_overrides)]).encode()).hexdigest()
+
+
+def read_record(state_dir: str) -> Optional[tuple[dict, list[RecordedCell]]]:
+    """The last launch's record in `state_dir` (`matrix.json`) and its cells; None when there is
+    none or it cannot be read (then the cells are composed)."""
+    try:
+        with open(os.path.join(state_dir, "matrix.json"), encoding="utf-8") as fh:
+            rec = json.load(fh)
+        cells = [RecordedCell(index=int(c["index"]), overrides=list(c["overrides"]), axes=dict(c["axes"]),
+                              run_id=str(c["run_id"]), run_dir=str(c["run_dir"]), steps=int(c["steps"]))
+                 for c in rec["cells"]]
+        if not cells or not isinstance(rec.get("tracking_uri"), str) or not isinstance(rec.get("experiment"), str):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return rec, cells
+
+
+# suite.config's Config.out_dir (tests/sweep/test_recorded.py checks it): where a sweep that does
+# not set out_dir keeps its state
+DEFAULT_OUT_DIR = "runs"
+_PLAIN = re.compile(r"^[A-Za-z0-9_./~+@%:-]+$")  # an override value Hydra reads as this very string
+
+
+def out_dir_of(overrides: list[str]) -> Optional[str]:
+    """A cell's out_dir read from its overrides, without composing; None when an override of it
+    is not a plain value (quotes, an interpolation, a delete): then only composing knows."""
+    out = DEFAULT_OUT_DIR
+    for line in overrides:
+        key, eq, value = line.partition("=")
+        if key.lstrip("+~") != "out_dir":
+            continue
+        if key.startswith("~") or not eq or not _PLAIN.match(value):
+            return None
+        out = value
+    return out
+
+
 @dataclass
 class Sweep:
     name: str  # sweep name: MLflow parent run name, SLURM job name, state directory name
@@ -115,6 +184,9 @@ class Sweep:
     state_dir: str  # <out_dir>/_sweeps/<name>: matrix, job ids, submitit folder, parent run id
     tracking_uri: str
     experiment: str
+    # `suite status`: how the cells shown relate to the file as it is now ("" = composed here, or
+    # recorded by a launch of this very file and overrides)
+    launch_note: str = ""
 
     def matrix_rows(self) -> list[dict[str, str]]:
         rows = []
@@ -125,12 +197,9 @@ class Sweep:
         return rows
 
     def matrix_json(self) -> str:
-        from suite.sweep import fingerprint  # what `suite status` checks to use this record uncomposed
-
         return json.dumps({"name": self.name, "file": self.path, "cli_overrides": self.cli_overrides,
                            "state_dir": self.state_dir, "tracking_uri": self.tracking_uri,
-                           "experiment": self.experiment,
-                           "composition": fingerprint.record(self.text, self.cli_overrides),
+                           "experiment": self.experiment, "launch_hash": launch_hash(self.text, self.cli_overrides),
                            "launcher": asdict(self.launcher), "resources": asdict(self.resources),
                            "cells": [{"index": c.index, "axes": c.axes, "config_axes": c.config_axes,
                                       "run_id": c.run_id, "run_dir": c.run_dir, "overrides": c.overrides,
@@ -278,10 +347,10 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     `launcher.<field>=...`, `cluster=<profile>` and `resources.<field>=...` configure the
     sweep instead (see `split_overrides`). Raises `SweepError` naming the file, cell and key.
 
-    With `recorded` (`suite status`, which only reads), a sweep whose file and overrides are those
-    its last launch recorded in the state dir gets that launch's cells (`suite.sweep.recorded`):
-    none composed when the record's fingerprint of what composing depends on is this process's,
-    else one (its run id checks the record), instead of all of them.
+    With `recorded` (`suite status`, which only reads), a sweep that has been launched gets the
+    cells its last launch recorded in the state dir (run ids and run dirs as submitted), none of
+    them composed; when the file or the overrides differ from the launch's, `launch_note` says so.
+    A sweep never launched (or with an unreadable record) is composed as `suite sweep` does.
     """
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
@@ -351,11 +420,8 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
                      cli_overrides=list(overrides), cells=[], state_dir=state_dir, tracking_uri=tracking_uri,
                      experiment=experiment)
 
-    if recorded:  # the launch's record, when its fingerprint says composing here would give its cells
-        from suite.sweep.recorded import uncomposed_sweep
-
-        found = uncomposed_sweep(name, text, list(overrides), len(raw_cells), _cell_overrides(common, raw_cells[0]),
-                                 shell)
+    if recorded:  # what the last launch submitted is the truth
+        found = _recorded_sweep(name, text, list(overrides), _cell_overrides(common, raw_cells[0]), shell)
         if found is not None:
             return found
     from hydra.errors import HydraException
@@ -368,15 +434,6 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     cells: list[Cell] = []
     seen: dict[str, int] = {}
     for i, values in enumerate(raw_cells):
-        if recorded and i == 1:
-            from suite.sweep.recorded import recorded_sweep
-
-            first = cells[0].cfg
-            state_dir = os.path.join(os.path.abspath(os.path.expanduser(first.out_dir)), "_sweeps", name)
-            found = recorded_sweep(state_dir, text, list(overrides), len(raw_cells), keys, first,
-                                   shell(state_dir, first.tracking.tracking_uri, first.tracking.experiment))
-            if found is not None:
-                return found
         ov = _cell_overrides(common, values)
         axis_lines = [f"{k}={v}" for k, v in values.items()]
         shown = " ".join(axis_lines) or "(base only)"
@@ -418,6 +475,33 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
                  resources=resources, profile=profile, profile_path=profile_path, axis_keys=keys,
                  cli_overrides=list(overrides), cells=cells, state_dir=state_dir,
                  tracking_uri=first.tracking.tracking_uri, experiment=first.tracking.experiment)
+
+
+def _recorded_sweep(name: str, text: str, overrides: list[str], first_overrides: list[str], shell) -> Optional[Sweep]:
+    """The sweep as its last launch recorded it, or None when it was never launched. The state
+    dir is found from the first cell's out_dir (composed only when an override of it is not plain)."""
+    out_dir = out_dir_of(first_overrides)
+    if out_dir is None:
+        from suite.config import compose_config
+
+        out_dir = compose_config(first_overrides).out_dir
+    state_dir = os.path.join(os.path.abspath(os.path.expanduser(out_dir)), "_sweeps", name)
+    found = read_record(state_dir)
+    if found is None:
+        return None
+    rec, cells = found
+    sweep = shell(state_dir, rec["tracking_uri"], rec["experiment"])
+    sweep.cells = cells
+    if rec.get("launch_hash") != launch_hash(text, overrides):
+        try:
+            when = time.strftime(" (%Y-%m-%d %H:%M)", time.localtime(os.path.getmtime(os.path.join(state_dir, "matrix.json"))))
+        except OSError:
+            when = ""
+        launched = " ".join(rec.get("cli_overrides") or []) or "none"
+        sweep.launch_note = (f"the sweep file or its overrides changed since the last launch{when}; showing the "
+                             f"{len(cells)} cells that launch recorded (its overrides: {launched}; the file it "
+                             f"read: {os.path.join(state_dir, 'sweep.yaml')}). `suite sweep` launches the file as it is now")
+    return sweep
 
 
 def _cell_overrides(common: list[str], values: dict[str, str]) -> list[str]:

@@ -1,16 +1,19 @@
-"""`suite status` reads the cells its sweep's last launch recorded (suite.sweep.recorded) instead
-of composing every cell, and only when the record describes this very sweep."""
+"""`suite status` shows what the sweep's last launch submitted: the cells recorded in the state
+dir's `matrix.json` (run ids, run dirs), none of them composed; an edited file or other overrides
+are named, never silently re-composed; a sweep never launched is composed as `suite sweep` does."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from _sweep_helpers import TINY, write_sweep
+from _sweep_helpers import TINY, child_env, write_sweep
 
-from suite.sweep.recorded import RecordedCell
-from suite.sweep.spec import load_sweep
+from suite.config import Config
+from suite.sweep.spec import DEFAULT_OUT_DIR, RecordedCell, load_sweep, out_dir_of
 from suite.sweep.states import write_state_files
 
 
@@ -24,36 +27,126 @@ def launched(tmp_path, sweep_env):
     return path, full
 
 
-def _same_cells(a, b):
-    assert [(c.index, c.run_id, c.run_dir, c.overrides, c.axes, c.steps) for c in a.cells] == \
-        [(c.index, c.run_id, c.run_dir, c.overrides, c.axes, c.steps) for c in b.cells]
+@pytest.fixture
+def sweep(tmp_path, sweep_env):
+    return write_sweep(tmp_path / "s.yaml", {"name": "fp", "base": [*TINY, f"out_dir={tmp_path / 'runs'}"],
+                                             "matrix": {"seed": [0, 1], "quant": ["int8", "bf16"]}})
+
+
+def _cells(s):
+    return [(c.index, c.run_id, c.run_dir, c.overrides, c.axes, c.steps) for c in s.cells]
 
 
 def test_status_gets_the_launch_record_and_composes_a_cell_only_when_asked(launched):
     path, full = launched
     rec = load_sweep(str(path), recorded=True)
-    assert all(isinstance(c, RecordedCell) for c in rec.cells[1:]) and all(c._cfg is None for c in rec.cells[1:])
-    _same_cells(rec, full)
+    assert all(isinstance(c, RecordedCell) for c in rec.cells) and all(c._cfg is None for c in rec.cells)
+    assert _cells(rec) == _cells(full) and rec.launch_note == ""
     assert (rec.state_dir, rec.tracking_uri, rec.experiment, rec.axis_keys) == \
         (full.state_dir, full.tracking_uri, full.experiment, full.axis_keys)
     assert rec.cells[3].cfg == full.cells[3].cfg  # composed on demand, the same config
 
 
-@pytest.mark.parametrize("change", ["edited file", "other overrides", "damaged record", "fewer cells recorded"])
-def test_a_record_of_another_sweep_is_not_used(launched, change):
+@pytest.mark.parametrize("change", ["edited file", "other overrides"])
+def test_a_changed_file_or_overrides_shows_the_recorded_cells_and_says_so(launched, change):
+    """The record is the truth of what was submitted: the cells shown are the launch's (6), even
+    where the file now has 3, and the note names the change and the overrides launched."""
     path, full = launched
-    state = Path(full.state_dir)
     overrides = []
     if change == "edited file":
-        path.write_text(path.read_text().replace("seed:", "seed:  "))
-    elif change == "other overrides":
-        overrides = ["steps=5"]
-    elif change == "damaged record":
-        (state / "matrix.json").write_text("{")
+        path.write_text(path.read_text().replace("- bf16\n", ""))
+        assert len(load_sweep(str(path)).cells) == 3
     else:
-        m = json.loads((state / "matrix.json").read_text())
-        m["cells"] = m["cells"][:-1]
-        (state / "matrix.json").write_text(json.dumps(m))
+        overrides = ["steps=5"]
     got = load_sweep(str(path), overrides, recorded=True)
-    assert not any(isinstance(c, RecordedCell) for c in got.cells)
-    _same_cells(got, load_sweep(str(path), overrides))
+    assert _cells(got) == _cells(full) and all(isinstance(c, RecordedCell) for c in got.cells)
+    assert "changed since the last launch" in got.launch_note and "showing the 6 cells" in got.launch_note
+    assert "its overrides: none" in got.launch_note
+
+
+@pytest.mark.parametrize("damage", ["not json", "no cells", "a cell without its run id"])
+def test_an_unreadable_record_composes_the_cells(launched, damage):
+    path, full = launched
+    m = Path(full.state_dir) / "matrix.json"
+    rec = json.loads(m.read_text())
+    if damage == "not json":
+        m.write_text("{")
+    elif damage == "no cells":
+        m.write_text(json.dumps({**rec, "cells": []}))
+    else:
+        del rec["cells"][2]["run_id"]
+        m.write_text(json.dumps(rec))
+    got = load_sweep(str(path), recorded=True)
+    assert not any(isinstance(c, RecordedCell) for c in got.cells) and _cells(got) == _cells(full)
+
+
+def test_status_looks_for_the_record_where_composing_puts_it():
+    assert DEFAULT_OUT_DIR == Config().out_dir
+    assert out_dir_of(["steps=3"]) == DEFAULT_OUT_DIR
+    assert out_dir_of(["out_dir=/a/b", "seed=1", "out_dir=c"]) == "c"  # the last one wins, as in Hydra
+    for unsure in (["out_dir=${oc.env:X}/runs"], ["out_dir='a b'"], ["~out_dir"], ["out_dir=a,b"]):
+        assert out_dir_of(unsure) is None
+
+
+def test_status_of_a_108_cell_sweep_composes_nothing(tmp_path, sweep_env):
+    """The largest real sweep (the main table, 108 cells) as `suite status` loads it after a
+    launch: in a fresh process, no cell composed, neither Hydra's composition nor torch imported."""
+    path = write_sweep(tmp_path / "big.yaml", {"name": "big", "base": [*TINY, f"out_dir={tmp_path / 'runs'}"],
+                                               "matrix": {"seed": [0, 1, 2], "quant": ["int8", "bf16", "fp8"],
+                                                          "correction": ["naive", "tis", "acr", "bypass"],
+                                                          "uaq.s": [1.0, 1.5, 2.0]}})
+    full = load_sweep(str(path))
+    assert len(full.cells) == 108
+    write_state_files(full)
+    probe = ("import json, sys\nfrom suite.sweep.spec import load_sweep\n"
+             "s = load_sweep(sys.argv[1], recorded=True)\n"
+             "print(json.dumps({'ids': [c.run_id for c in s.cells], 'torch': 'torch' in sys.modules, "
+             "'hydra': 'hydra' in sys.modules, 'note': s.launch_note}))")
+    out = subprocess.run([sys.executable, "-c", probe, str(path)], env=child_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got == {"ids": [c.run_id for c in full.cells], "torch": False, "hydra": False, "note": ""}
+
+
+STATUS = """
+import sys
+from suite.cli import main
+rc = main(["status", sys.argv[1]])
+print("mlflow imported:", "mlflow" in sys.modules, "torch imported:", "torch" in sys.modules, "rc", rc)
+"""
+
+
+def test_status_of_an_ended_sweep_reads_the_parent_status_the_driver_recorded(sweep):
+    """Every cell done: status names a parent run still RUNNING (asking MLflow), and takes an end
+    the driver recorded from parent_run.json, without importing MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    from suite.sweep.parent import parent_run, parent_status, set_parent_status
+
+    full = load_sweep(str(sweep))
+    write_state_files(full)
+    rid = parent_run(full)
+    for c in full.cells:  # the cells' end as a finished run leaves it (suite.tracking.rundir.is_finished)
+        Path(c.run_dir).mkdir(parents=True)
+        (Path(c.run_dir) / "summary.json").write_text("{}")
+
+    def status() -> str:
+        out = subprocess.run([sys.executable, "-c", STATUS, str(sweep)], env=child_env(), cwd=Path.cwd(),  # as launched
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    hint = "marks the MLflow parent run FINISHED"
+    out = status()
+    assert hint in out and "mlflow imported: True torch imported: False rc 0" in out  # RUNNING: asked MLflow
+    set_parent_status(full, "FINISHED")
+    assert json.loads((Path(full.state_dir) / "parent_run.json").read_text())["status"] == "FINISHED"
+    assert MlflowClient(full.tracking_uri).get_run(rid).info.status == "FINISHED"
+    out = status()
+    assert hint not in out and "done 4  (of 4)" in out and "mlflow imported: False torch imported: False" in out
+    set_parent_status(full, "RUNNING")  # a re-launch: the record of the end goes first
+    assert "status" not in json.loads((Path(full.state_dir) / "parent_run.json").read_text())
+    assert parent_status(full) == "RUNNING" and hint in status()
+    MlflowClient(full.tracking_uri).set_terminated(rid, status="KILLED")  # as the driver's guard ends it
+    assert parent_status(full) == "KILLED" and hint not in status()
