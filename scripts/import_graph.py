@@ -7,7 +7,9 @@ private names imported across modules, and package lines per subpackage.
 A circle is a strongly connected component of more than one module (module-level and
 function-level imports alike: both tie the modules' code together). A private name is one
 that starts with a single underscore, imported with ``from suite.x import _name`` by a module
-other than suite.x.
+other than suite.x. An upward import is one into a backend package (suite.embedded,
+suite.verl: what runs a config) or into suite.bench from outside it: the layers below reach
+a backend only through suite.backend's contract, by name.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "suite"
+UPPER = ("suite.embedded", "suite.verl", "suite.bench")  # nothing outside them imports them
 
 
 def module_name(path: Path) -> str:
@@ -110,10 +113,16 @@ def main() -> None:
         sub = me.split(".")[1] if me.count(".") >= 1 and (ROOT / PACKAGE / me.split(".")[1]).is_dir() else "(top)"
         lines[sub] += len(f.read_text(encoding="utf-8").splitlines())
     comps = circles(graph)
+    inside = lambda m, pkg: m == pkg or m.startswith(pkg + ".")
+    upward = sorted((me, t) for me, ts in graph.items() for t in ts for pkg in UPPER
+                    if inside(t, pkg) and not inside(me, pkg) and not any(inside(me, u) for u in UPPER))
     print(f"modules: {len(modules)}, import edges: {sum(len(v) for v in graph.values())}")
     print(f"circles: {len(comps)}")
     for c in comps:
         print("  " + " <-> ".join(c))
+    print(f"upward imports (into {', '.join(UPPER)} from below): {len(upward)}")
+    for me, t in upward:
+        print(f"  {me} -> {t}")
     print(f"private names imported across modules: {len(privates)}")
     for me, target, name in sorted(privates):
         print(f"  {me} <- {target}.{name}")

@@ -1,4 +1,5 @@
-"""The backend contract: `run(cfg, run_dir, on_eval) -> RunSummary`, resolved by name.
+"""The backend contract: `run(cfg, run_dir, on_eval) -> RunSummary` and `command(cfg, run_dir,
+overrides) -> argv`, resolved by name.
 
 A backend trains one composed run config in its run directory (suite.tracking.rundir) and
 returns a `RunSummary`; a finished run directory returns its summary at once
@@ -63,18 +64,28 @@ class Backend(Protocol):
                  progress: bool = False) -> RunSummary: ...
 
 
-# name -> "module:function"; config.BACKENDS lists the same names for validation.
+# name -> the backend's package: `<package>.backend` implements the contract (`run`, `command`),
+# `<package>.config` registers its config section (suite.config imports it). The one list of backends.
 BACKENDS: dict[str, str] = {
-    "embedded": "suite.embedded.backend:run",
-    "verl": "suite.verl.backend:run",
+    "embedded": "suite.embedded",
+    "verl": "suite.verl",
 }
+
+
+def _module(name: str):
+    try:
+        package = BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"backend.name={name!r} has no runner; allowed: {', '.join(BACKENDS)}") from None
+    return importlib.import_module(f"{package}.backend")
 
 
 def get_backend(name: str) -> Backend:
     """The backend called `name` (`backend.name` of a run config)."""
-    try:
-        target = BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"backend.name={name!r} has no runner; allowed: {', '.join(BACKENDS)}") from None
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return _module(name).run
+
+
+def backend_command(cfg: DictConfig, run_dir: str, overrides: list[str]) -> list[str]:
+    """argv that runs `cfg` by hand in `run_dir` (a sweep's dry run prints it): `suite run
+    <overrides>` for the embedded backend, verl's own trainer command for verl."""
+    return list(_module(cfg.backend.name).command(cfg, run_dir, overrides))

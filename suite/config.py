@@ -24,6 +24,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from suite import regimes
+from suite.backend import BACKENDS as _BACKEND_PACKAGES
 # overrides: parsed and type-checked before and after composing (re-exported: the config's API)
 from suite.overrides import ConfigError, check_override_types, parse_overrides  # noqa: F401
 from suite.overrides import check as _check
@@ -41,7 +42,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 AUTOCASTS = ("auto", "bf16", "fp32")
 KERNEL_CHOICES = ("auto", "native", "emulated")  # quant.kernels, quant.bf16_kernels (suite.hardware)
 TASKS = ("arith", "word")
-BACKENDS = ("embedded", "verl")  # backend=...; each registers with register_backend (BACKEND_MODULES)
+BACKENDS = tuple(_BACKEND_PACKAGES)  # backend=...: the backends suite.backend lists
 # warm_start.flaw_op: auto, none, or the operator of the tasks' traces the flawed teacher skips
 # (suite.embedded.tasks.flawed_response; those a task's traces end with: suite.embedded.tasks.flaw_ops)
 FLAW_OPS: tuple[str, ...] = ("auto", "none", "+", "-", "*", "/")
@@ -488,8 +489,8 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     return finalize(cfg)
 
 
-# The backends' config sections: each module calls register_backend when imported. Named here and
-# imported last (they import this module's names), so this module imports no backend at its top.
-BACKEND_MODULES = ("suite.embedded.config", "suite.verl.config")
+# The backends' config sections: each `<package>.config` calls register_backend when imported.
+# Imported last (they import this module's names), so this module imports no backend at its top.
+BACKEND_MODULES = tuple(f"{package}.config" for package in _BACKEND_PACKAGES.values())
 for _module in BACKEND_MODULES:
     importlib.import_module(_module)

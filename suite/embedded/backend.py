@@ -12,3 +12,8 @@ def run(cfg: DictConfig, run_dir: str, on_eval: OnEval | None = None, *, progres
     from suite.embedded.trainer import EmbeddedRun
 
     return RunSummary.from_record(EmbeddedRun(cfg, run_dir, progress=progress, on_eval=on_eval).run())
+
+
+def command(cfg: DictConfig, run_dir: str, overrides: list[str]) -> list[str]:
+    """`suite run <overrides>`: the overrides that compose `cfg` reproduce the run."""
+    return ["suite", "run", *overrides]

@@ -92,14 +92,11 @@ class Cell:
         return int(self.cfg.steps)
 
     def command(self) -> list[str]:
-        """argv that runs this cell by hand: `suite run ...` (embedded) or verl's main_ppo (verl)."""
-        if self.cfg.backend.name == "verl":
-            try:
-                from suite.verl.translate import verl_command
-            except ImportError as exc:  # a broken install: the dry run still lists the other cells
-                return [f"<verl translator unavailable: {exc}>"]
-            return list(verl_command(self.cfg, self.run_dir))
-        return ["suite", "run", *self.overrides]
+        """argv that runs this cell by hand: `suite run ...` (embedded) or verl's main_ppo (verl),
+        as its backend says (suite.backend.backend_command)."""
+        from suite.backend import backend_command
+
+        return backend_command(self.cfg, self.run_dir, list(self.overrides))
 
 
 class RecordedCell(Cell):

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from suite.tracking.experiments import SOURCE_NAME_TAG, suite_command, ui_hint
 from suite.tracking.rundir import recorded_mlflow_run_id
-from suite.tune.spec import LauncherSpec, ParamSpec, PrunerSpec, SamplerSpec, TuneSpec, TuneSpecError
-from suite.tune.worker import driver_lock, trial_job
+from suite.tune.spec import LauncherSpec, ParamSpec, SamplerSpec, TuneSpec, TuneSpecError
+from suite.tune.worker import build_pruner, driver_lock, trial_job
 
 ROLE_TAG, STUDY_TAG, TRIAL_TAG, STATE_TAG = "tune_role", "tune_study", "trial", "trial_state"
 PARENT_ATTR, URI_ATTR, SPACE_ATTR = "mlflow_parent_run_id", "mlflow_tracking_uri", "search_space"
@@ -83,17 +83,6 @@ def build_sampler(s: SamplerSpec, spec: TuneSpec):
     if s.name == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     return optuna.samplers.GridSampler(grid_space(spec), seed=s.seed)
-
-
-def build_pruner(p: PrunerSpec):
-    optuna = _optuna()
-    if p.name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials, n_warmup_steps=p.n_warmup_steps,
-                                           interval_steps=p.interval_steps)
-    if p.name == "successive_halving":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=p.min_resource, reduction_factor=p.reduction_factor,
-                                                      min_early_stopping_rate=p.min_early_stopping_rate)
-    return optuna.pruners.NopPruner()
 
 
 def resolve_storage(url: str) -> str:

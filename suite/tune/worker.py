@@ -25,7 +25,7 @@ from pathlib import Path
 
 from suite.sweep.job import ResumableJob
 from suite.tracking.rundir import METRICS_FILE, TRIAL_LOCK_FILE
-from suite.tune.spec import TuneSpecError
+from suite.tune.spec import PrunerSpec, TuneSpecError
 
 
 def last_metric(run_dir: str, key: str) -> tuple[float | None, int | None]:
@@ -69,6 +69,20 @@ def open_storage(url: str):
     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
 
 
+def build_pruner(p: PrunerSpec):
+    """The Optuna pruner a study and each of its trial jobs use (the driver opens the study with
+    it; a trial re-opens it to report and ask `should_prune`)."""
+    import optuna
+
+    if p.name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials, n_warmup_steps=p.n_warmup_steps,
+                                           interval_steps=p.interval_steps)
+    if p.name == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=p.min_resource, reduction_factor=p.reduction_factor,
+                                                      min_early_stopping_rate=p.min_early_stopping_rate)
+    return optuna.pruners.NopPruner()
+
+
 def run_trial(payload: dict) -> dict:
     """Run one trial; returns {number, pruned, value, step, mlflow_run_id, run_dir, final_acc}.
 
@@ -79,7 +93,6 @@ def run_trial(payload: dict) -> dict:
 
     from suite.cell import compose_cell, run_cell
     from suite.tune.spec import PrunerSpec
-    from suite.tune.study import build_pruner
 
     n = payload["number"]
     cfg = compose_cell(payload["overrides"], parent_run_id=payload["parent_run_id"], tags=payload["tags"],

@@ -20,3 +20,13 @@ def run(cfg: DictConfig, run_dir: str, on_eval: OnEval | None = None, *, progres
     # the head's summary.json has every field but the run's identity, which is the config's
     return RunSummary.from_record(record, run_id=run_id(cfg), run_dir=run_dir, steps=int(cfg.steps),
                                   mlflow_run_id=None, tracking_uri=str(cfg.tracking.tracking_uri))
+
+
+def command(cfg: DictConfig, run_dir: str, overrides: list[str]) -> list[str]:
+    """verl's `main_ppo` command for `cfg` (suite.verl.translate); a broken verl install gives a
+    placeholder, so a dry run still lists the other cells."""
+    try:
+        from suite.verl.translate import verl_command
+    except ImportError as exc:
+        return [f"<verl translator unavailable: {exc}>"]
+    return list(verl_command(cfg, run_dir))
