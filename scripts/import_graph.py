@@ -8,8 +8,9 @@ A circle is a strongly connected component of more than one module (module-level
 function-level imports alike: both tie the modules' code together). A private name is one
 that starts with a single underscore, imported with ``from suite.x import _name`` by a module
 other than suite.x. An upward import is one into a backend package (suite.embedded,
-suite.verl: what runs a config) or into suite.bench from outside it: the layers below reach
-a backend only through suite.backend's contract, by name.
+suite.verl: what runs a config) or into suite.bench from outside it (the layers below reach a
+backend only through suite.backend's contract, by name), or from the shared launch layer
+(suite.launch) into one of its users (suite.sweep, suite.tune).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "suite"
 UPPER = ("suite.embedded", "suite.verl", "suite.bench")  # nothing outside them imports them
+LAUNCH, ITS_USERS = "suite.launch", ("suite.sweep", "suite.tune")  # the shared launch layer imports neither
 
 
 def module_name(path: Path) -> str:
@@ -116,11 +118,14 @@ def main() -> None:
     inside = lambda m, pkg: m == pkg or m.startswith(pkg + ".")
     upward = sorted((me, t) for me, ts in graph.items() for t in ts for pkg in UPPER
                     if inside(t, pkg) and not inside(me, pkg) and not any(inside(me, u) for u in UPPER))
+    upward += sorted((me, t) for me, ts in graph.items() if inside(me, LAUNCH) for t in ts
+                     if any(inside(t, u) for u in ITS_USERS))
     print(f"modules: {len(modules)}, import edges: {sum(len(v) for v in graph.values())}")
     print(f"circles: {len(comps)}")
     for c in comps:
         print("  " + " <-> ".join(c))
-    print(f"upward imports (into {', '.join(UPPER)} from below): {len(upward)}")
+    print(f"upward imports (into {', '.join(UPPER)} from below, or from {LAUNCH} into {', '.join(ITS_USERS)}): "
+          f"{len(upward)}")
     for me, t in upward:
         print(f"  {me} -> {t}")
     print(f"private names imported across modules: {len(privates)}")

@@ -1,5 +1,5 @@
 """Run one cell and record its outcome: the one path from a composed config to a backend, for
-`suite run`, sweep cells (suite.sweep.job) and tuning trials (suite.tune.worker) alike.
+`suite run`, sweep cells (suite.launch.job) and tuning trials (suite.tune.worker) alike.
 
 `run_cell(cfg, run_dir)` resolves `cfg.backend.name` (suite.backend), runs it, and when it
 raises ends the cell's MLflow run FAILED with the error as a tag (creating the run if the

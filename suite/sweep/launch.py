@@ -1,8 +1,8 @@
 """Launching a sweep: submission (local window or SLURM job array), waiting, cancelling.
 
-The parts it drives live by job: `suite.sweep.executors` (submitit executors),
+The parts it drives live by job: `suite.launch.executors` (submitit executors),
 `suite.sweep.states` (the state directory and each cell's state), `suite.sweep.parent` (the
-MLflow parent run), `suite.sweep.guard` (a driver that stops early) and `suite.sweep.job`
+MLflow parent run), `suite.launch.guard` (a driver that stops early) and `suite.launch.job`
 (what runs inside each job).
 """
 
@@ -19,25 +19,23 @@ import time
 from pathlib import Path
 
 from suite.identity import run_name
-from suite.sweep.executors import make_executor
-from suite.sweep.guard import Driver, record_cancelled, sweep_targets
+from suite.launch.executors import make_executor
+from suite.launch.guard import Driver, job_target, pid_target
 from suite.sweep.parent import log_parent_artifacts, parent_run, set_parent_status
 from suite.sweep.spec import Cell, Sweep, SweepError
+from suite.launch.slurm import SLURM_RUNNING, pid_alive, sacct
 from suite.sweep.states import (
-    SLURM_RUNNING,
     JOBS_FILE,
     STATES,
     SUBMITIT_DIR,
     CellState,
     append_json,
-    pid_alive,
-    sacct,
     cell_states,
     latest_records,
     print_states,
     write_state_files,
 )
-from suite.tracking.rundir import RUN_FILE, read_summary
+from suite.tracking.rundir import RUN_FILE, is_finished, read_summary
 
 # --------------------------------------------------------------------------- submit / wait
 
@@ -51,7 +49,7 @@ def _cell_tags(sweep: Sweep, cell: Cell) -> dict[str, str]:
 
 def _submit(sweep: Sweep, executor, cells: list[Cell], parent_id: str) -> dict[int, object]:
     """Submit cells (one SLURM job array when several); record every job id before returning."""
-    from suite.sweep.job import run_cell
+    from suite.launch.job import run_cell
     from suite.tracking.loggers import resolve_tracking_uri
 
     uri = resolve_tracking_uri(sweep.tracking_uri)
@@ -197,7 +195,7 @@ def _drive(sweep: Sweep, folder: Path, todo: list[CellState], live: dict, parent
 
 
 def _wait(sweep: Sweep, executor, todo: list[CellState], live: dict, parent: str, stream, drv) -> int:
-    from suite.sweep.progress import Progress
+    from suite.launch.progress import Progress
 
     queue = [s.cell for s in todo]
     reported: set[int] = set()
@@ -223,7 +221,7 @@ def _wait_loop(sweep: Sweep, executor, queue: list[Cell], reported: set[int], li
     local = sweep.launcher.name == "local"
     n = len(sweep.cells)
     session = {c.index for c in queue} | set(live)
-    # stop signals and errors: `drv` (suite.sweep.guard) stops the jobs and ends their MLflow runs
+    # stop signals and errors: `drv` (suite.launch.guard) stops the jobs and ends their MLflow runs
     states = drv.last_poll = cell_states(sweep, live)
     queued = {c.index for c in queue}
     for s in states:
@@ -315,3 +313,37 @@ def cancel(sweep: Sweep, stream=None) -> int:
         print(f"cancelled cell {s.cell.index} (job {s.job_id}, was {s.state})", file=stream)
     set_parent_status(sweep, "KILLED")
     return len(targets)
+
+
+# --------------------------------------------------------------------------- a sweep's jobs
+
+
+def sweep_targets(sweep, live: dict, states: list | None) -> list:
+    """What a sweep driver can stop: the jobs it submitted (`live`: cell index -> submitit job)
+    and the local cells of an earlier driver it was waiting for (`states`: its last poll;
+    their controllers are this host's processes). SLURM jobs it did not submit are the
+    scheduler's, queued on purpose: they are left alone."""
+    cells = {c.index: c for c in sweep.cells}
+    out = [job_target(f"cell {i}", job, cells[i].run_dir) for i, job in sorted(live.items())
+           if not is_finished(cells[i].run_dir)]  # done: nothing to stop
+    adopted = [s for s in states or [] if s.state == "running" and s.cell.index not in live]
+    if adopted:
+        folder = Path(sweep.state_dir) / SUBMITIT_DIR
+        recs = latest_records(sweep)
+        for s in adopted:
+            rec = recs.get(s.cell.index, {})
+            if rec.get("launcher") == "local" and str(rec.get("job_id", "")).isdigit():
+                pid = int(rec["job_id"])
+                out.append(pid_target(f"cell {s.cell.index}", pid, lambda p=pid: pid_alive(p, folder),
+                                      s.cell.run_dir))
+    return out
+
+
+def record_cancelled(sweep, targets: list) -> None:
+    """A `cancelled` line per stopped cell in jobs.jsonl, so `suite status` says what happened."""
+    by_dir = {c.run_dir: c for c in sweep.cells}
+    recs = latest_records(sweep)
+    for t in targets:
+        cell = by_dir.get(t.run_dir)
+        if cell is not None and cell.index in recs and not is_finished(cell.run_dir):
+            append_json(Path(sweep.state_dir) / JOBS_FILE, {**recs[cell.index], "cancelled": True, "time": time.time()})

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from suite.sweep.spec import Sweep
-from suite.sweep.state_files import read_parent
+from suite.launch.state_files import read_parent
 from suite.sweep.states import PARENT_FILE
 
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")  # the parent run's ends that set_parent_status records

@@ -16,24 +16,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from suite.sweep.spec import Cell, Sweep
-from suite.sweep.state_files import append_job, read_jobs
+from suite.launch.slurm import SLURM_FAILED, SLURM_PENDING, SLURM_RUNNING, pid_alive, sacct
+from suite.launch.state_files import append_job, read_jobs
 from suite.tracking.rundir import is_finished
 
 JOBS_FILE = "jobs.jsonl"
 PARENT_FILE = "parent_run.json"
 SUBMITIT_DIR = "submitit"
 
-# SLURM job states (sacct) -> cell states
-SLURM_PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED", "PREEMPTED"}
-SLURM_RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "RESIZING", "SIGNALING"}
-_SLURM_FAILED = {"FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "COMPLETED"}
 STATES = ("done", "running", "pending", "failed", "cancelled", "interrupted", "missing")
 
 
@@ -110,72 +105,6 @@ def _result(folder: Path, job_id: str) -> tuple[str, object] | None:
         return None
 
 
-def pid_alive(pid: int, folder: Path) -> bool:
-    """Whether `pid` is a live (not zombie) submitit local controller of this sweep."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            if fh.read().split(")")[-1].split()[0] == "Z":
-                return False
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            cmd = fh.read().decode(errors="replace")
-    except OSError:
-        return False
-    return "submitit.local._local" in cmd and str(folder) in cmd
-
-
-def sacct(job_ids: list[str]) -> dict[str, str]:
-    """job id (`123_4`) -> first word of its SLURM state, from one sacct call."""
-    if not job_ids:
-        return {}
-    mains = sorted({j.split("_")[0] for j in job_ids})
-    cmd = ["sacct", "-o", "JobID,State", "--parsable2"]
-    for m in mains:
-        cmd += ["-j", m]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        print(f"suite: sacct failed ({exc}); SLURM states unknown", file=sys.stderr)
-        return {}
-    info = parse_sacct(out)
-    return {j: info[j] for j in job_ids if j in info}
-
-
-_ARRAY = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]$")  # a pending array's tasks: 123_[0-3,7%2]
-
-
-def parse_sacct(text: str) -> dict[str, str]:
-    """`sacct -o JobID,State --parsable2` -> job id (`123`, `123_4`) -> first word of its state
-    (`CANCELLED by 0` -> CANCELLED). Steps (`123_4.batch`) are skipped; a pending array's line
-    (`123_[0-3,7%2]`) gives each of its tasks. Parsed here rather than by submitit's
-    SlurmInfoWatcher (not public); its public `Job.state` caches ended states for the process,
-    which a driver polling for requeued tasks cannot use."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return {}
-    header = lines[0].split("|")
-    if "JobID" not in header or "State" not in header:
-        return {}
-    i_id, i_state = header.index("JobID"), header.index("State")
-    out: dict[str, str] = {}
-    for line in lines[1:]:
-        fields = line.split("|")
-        if len(fields) <= max(i_id, i_state):
-            continue
-        jid, state = fields[i_id].strip(), (fields[i_state].split() or ["UNKNOWN"])[0]
-        if not jid or "." in jid:
-            continue
-        m = _ARRAY.match(jid)
-        if m is None:
-            out[jid] = state
-            continue
-        for part in m.group(2).split(","):
-            lo, _, hi = part.partition("-")
-            if lo.isdigit() and (not hi or hi.isdigit()):
-                for k in range(int(lo), int(hi or lo) + 1):
-                    out[f"{m.group(1)}_{k}"] = state
-    return out
-
-
 def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
     """The state of every cell (see module docstring). `live_jobs` maps cell index -> the
     submitit job object of a local job started by this process (to reap it)."""
@@ -229,7 +158,7 @@ def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
                 st.state = "pending"
             elif s == "CANCELLED":
                 st.state = "cancelled"
-            elif s in _SLURM_FAILED:
+            elif s in SLURM_FAILED:
                 st.state = "failed"
                 st.error = _read_error(os.path.join(c.run_dir, ERROR_FILE)) or f"SLURM job {st.job_id} ended {s}"
             else:

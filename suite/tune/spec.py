@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from suite.sweep.spec import MAX_POLL_S
+from suite.launch.config import MAX_POLL_S
 
 PARAM_TYPES = ("float", "int", "categorical")
 # The namespaces of the metric keys a run logs (docs/metrics.md): an objective outside them is
@@ -102,7 +102,7 @@ def load_tune_file(path: str, extra_overrides: list[str] | tuple[str, ...] = ())
     dotted ``extra_overrides`` (e.g. ``n_trials=4``) and check it with :func:`check_spec`."""
     if not os.path.exists(path):
         raise TuneSpecError(f"tune file {path!r} not found")
-    from suite.sweep.fileio import read_yaml
+    from suite.launch.fileio import read_yaml
 
     _, data = read_yaml(path, TuneSpecError)  # UTF-8, duplicate keys refused, errors name the file
     if not isinstance(data, dict):
@@ -215,7 +215,7 @@ def check_spec(spec: TuneSpec) -> None:
     if spec.launcher.cpus_per_task < 1:
         _fail("launcher.cpus_per_task", "must be >= 1")
     if spec.launcher.name == "slurm":
-        from suite.sweep.profiles import SweepError, load_profile
+        from suite.launch.profiles import SweepError, load_profile
 
         try:
             load_profile(spec.launcher.profile)

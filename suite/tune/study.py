@@ -33,7 +33,7 @@ from suite.tune.worker import build_pruner, driver_lock, trial_job
 
 ROLE_TAG, STUDY_TAG, TRIAL_TAG, STATE_TAG = "tune_role", "tune_study", "trial", "trial_state"
 PARENT_ATTR, URI_ATTR, SPACE_ATTR = "mlflow_parent_run_id", "mlflow_tracking_uri", "search_space"
-PROGRESS_EVERY_S = 60.0  # the aggregate line (suite.sweep.progress) at least this often while trials run (seconds)
+PROGRESS_EVERY_S = 60.0  # the aggregate line (suite.launch.progress) at least this often while trials run (seconds)
 
 
 def _optuna():
@@ -207,8 +207,9 @@ def make_executor(launcher: LauncherSpec, folder: str, job_name: str = "tune"):
     """A submitit executor for the trial jobs: the sweep launcher's (`suite.sweep.launch`:
     submitit's LocalExecutor, or SLURM with a profile from slurm/profiles/). The one place
     that chooses how a trial is launched."""
-    from suite.sweep.executors import make_executor as sweep_executor
-    from suite.sweep.spec import LauncherConfig, Resources, SweepError
+    from suite.launch.executors import make_executor as sweep_executor
+    from suite.launch.config import LauncherConfig, Resources
+    from suite.launch.fileio import SweepError
 
     try:
         return sweep_executor(
@@ -287,7 +288,7 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
                 f"in {trial_dir(spec, t.number)}")
         queue = list(resumed)
         t0 = time.perf_counter()
-        from suite.sweep.guard import Driver, job_target
+        from suite.launch.guard import Driver, job_target
 
         # a stop signal or an error: the trials' jobs are cancelled and their MLflow runs end KILLED;
         # the Optuna trials stay RUNNING, so the next `suite tune` resumes them from their checkpoints
@@ -351,8 +352,8 @@ def _drive(study, spec: TuneSpec, dists: dict, pending: dict, queue: list, n_tar
 
 
 def _progress_line(spec: TuneSpec, trials: list, pending: dict, n_target: int, t0: float, states) -> str:
-    """The study's aggregate (suite.sweep.progress): trials done / running / failed, elapsed, ETA."""
-    from suite.sweep.progress import aggregate_line
+    """The study's aggregate (suite.launch.progress): trials done / running / failed, elapsed, ETA."""
+    from suite.launch.progress import aggregate_line
 
     done = sum(t.state in (states.COMPLETE, states.PRUNED) for t in trials)
     failed = sum(t.state == states.FAIL for t in trials)

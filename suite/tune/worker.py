@@ -23,7 +23,7 @@ import os
 import time
 from pathlib import Path
 
-from suite.sweep.job import ResumableJob
+from suite.launch.job import ResumableJob
 from suite.tracking.rundir import METRICS_FILE, TRIAL_LOCK_FILE
 from suite.tune.spec import PrunerSpec, TuneSpecError
 

@@ -1,7 +1,7 @@
 """A real sweep's worth of runs for the report tests (built once per session).
 
 A sweep file (suite.sweep.spec) with 10 cells on the tiny preset; its cells are run in this
-process through the sweep's own job runner (`suite.sweep.job.run_cell`, as the local launcher
+process through the sweep's own job runner (`suite.launch.job.run_cell`, as the local launcher
 does), as MLflow children of the sweep's parent run (`suite.sweep.launch.parent_run`) in a
 sqlite store. Two cells are made to end badly by an injected exception (the only test
 double here): one raises inside a training step (the runner marks its MLflow run FAILED), one
@@ -54,7 +54,7 @@ def _fail_at(step: int, exc):
 
 
 def build_sweep_store(root: Path) -> SweepStore:
-    from suite.sweep.job import run_cell
+    from suite.launch.job import run_cell
     from suite.sweep.launch import parent_run
     from suite.sweep.spec import load_sweep
 

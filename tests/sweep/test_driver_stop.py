@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 import suite
-from suite.sweep.guard import Driver
+from suite.launch.guard import Driver
 
 SUITE = [sys.executable, "-m", "suite.cli"]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -1,11 +1,11 @@
-"""The live aggregate of sweeps and studies (suite.sweep.progress): the line, its ETA, its pace
+"""The live aggregate of sweeps and studies (suite.launch.progress): the line, its ETA, its pace
 without a terminal, and the tqdm bar on one."""
 
 from __future__ import annotations
 
 import io
 
-from suite.sweep.progress import Progress, aggregate_line
+from suite.launch.progress import Progress, aggregate_line
 
 
 class Clock:

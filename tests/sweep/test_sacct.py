@@ -4,7 +4,7 @@ reader of the same text as an independent implementation."""
 
 from __future__ import annotations
 
-from suite.sweep.states import parse_sacct
+from suite.launch.slurm import parse_sacct
 
 SACCT = """JobID|State
 101|COMPLETED

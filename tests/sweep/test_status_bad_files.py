@@ -13,7 +13,7 @@ from _sweep_helpers import TINY, write_sweep
 
 from suite.cli import main
 from suite.sweep.spec import load_sweep
-from suite.sweep.state_files import append_job, read_jobs
+from suite.launch.state_files import append_job, read_jobs
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from suite.sweep.spec import SweepError
+from suite.launch.fileio import SweepError
 
 
 class StateFileError(SweepError):

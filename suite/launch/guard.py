@@ -58,7 +58,7 @@ def job_target(name: str, job, run_dir: str) -> Target:
         listed = _squeue_lists(str(job.job_id))
         if listed is not None:
             return listed
-        from suite.sweep.states import SLURM_PENDING, SLURM_RUNNING, sacct
+        from suite.launch.slurm import SLURM_PENDING, SLURM_RUNNING, sacct
 
         state = sacct([str(job.job_id)]).get(str(job.job_id), "PENDING")  # not in sacct yet: queued
         return state in SLURM_RUNNING | SLURM_PENDING
@@ -218,45 +218,3 @@ class Driver:
         end_runs(self.tracking_uri, run_ids, "KILLED", self.out)
         if self.parent_run_id:
             end_runs(self.tracking_uri, [self.parent_run_id], "KILLED" if interrupted else "FAILED", self.out)
-
-
-# --------------------------------------------------------------------------- a sweep's jobs
-
-
-def sweep_targets(sweep, live: dict, states: list | None) -> list[Target]:
-    """What a sweep driver can stop: the jobs it submitted (`live`: cell index -> submitit job)
-    and the local cells of an earlier driver it was waiting for (`states`: its last poll;
-    their controllers are this host's processes). SLURM jobs it did not submit are the
-    scheduler's, queued on purpose: they are left alone."""
-    from pathlib import Path
-
-    from suite.sweep.states import SUBMITIT_DIR, pid_alive, latest_records
-
-    cells = {c.index: c for c in sweep.cells}
-    out = [job_target(f"cell {i}", job, cells[i].run_dir) for i, job in sorted(live.items())
-           if not is_finished(cells[i].run_dir)]  # done: nothing to stop
-    adopted = [s for s in states or [] if s.state == "running" and s.cell.index not in live]
-    if adopted:
-        folder = Path(sweep.state_dir) / SUBMITIT_DIR
-        recs = latest_records(sweep)
-        for s in adopted:
-            rec = recs.get(s.cell.index, {})
-            if rec.get("launcher") == "local" and str(rec.get("job_id", "")).isdigit():
-                pid = int(rec["job_id"])
-                out.append(pid_target(f"cell {s.cell.index}", pid, lambda p=pid: pid_alive(p, folder),
-                                      s.cell.run_dir))
-    return out
-
-
-def record_cancelled(sweep, targets: list[Target]) -> None:
-    """A `cancelled` line per stopped cell in jobs.jsonl, so `suite status` says what happened."""
-    from pathlib import Path
-
-    from suite.sweep.states import JOBS_FILE, append_json, latest_records
-
-    by_dir = {c.run_dir: c for c in sweep.cells}
-    recs = latest_records(sweep)
-    for t in targets:
-        cell = by_dir.get(t.run_dir)
-        if cell is not None and cell.index in recs and not is_finished(cell.run_dir):
-            append_json(Path(sweep.state_dir) / JOBS_FILE, {**recs[cell.index], "cancelled": True, "time": time.time()})

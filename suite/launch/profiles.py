@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from suite.sweep.fileio import NAME_RE, SweepError, check_positive, read_yaml, typed
+from suite.launch.fileio import NAME_RE, SweepError, check_positive, read_yaml, typed
 
 # Profiles ship in slurm/profiles/ at the repository root (beside the suite package).
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "slurm" / "profiles"

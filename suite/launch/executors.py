@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from suite.sweep.profiles import load_profile
-from suite.sweep.spec import LauncherConfig, Resources, SweepError
+from suite.launch.profiles import load_profile
+from suite.launch.config import LauncherConfig, Resources
+from suite.launch.fileio import SweepError
 
 LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # local runs have no scheduler time limit; submitit needs one
 
