@@ -53,10 +53,21 @@ def with_lr_factor(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+PREPARED = "suite.prepared"  # the DataFrame.attrs flag `prepare` sets
+
+
 def prepare(runs: pd.DataFrame) -> pd.DataFrame:
     """The run frame as every table reads it: dtypes and group keys (`coerce_runs`), duplicate
-    finished runs of one configuration and seed superseded, and `lr_factor`."""
-    return with_lr_factor(supersede(coerce_runs(runs), FINISHED))
+    finished runs of one configuration and seed superseded, and `lr_factor`. Flagged in
+    `attrs`, so the tables of one report (`build_tables`) prepare it once."""
+    out = with_lr_factor(supersede(coerce_runs(runs), FINISHED))
+    out.attrs[PREPARED] = True
+    return out
+
+
+def ensure_prepared(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` itself if `prepare` made it (a copy, so a table's columns stay its own), else prepared."""
+    return runs.copy() if runs.attrs.get(PREPARED) else prepare(runs)
 
 
 def _others(group: pd.DataFrame) -> str:

@@ -23,8 +23,8 @@ import math
 import pandas as pd
 
 from suite.report import fmt
-from suite.report.cells import (FULL, GROUP, LOW_BIT, ROW_AXES, empty_stats, finished_mean, pooled_frame, prepare,
-                                sort_rows, uaq_label, with_lr_factor)
+from suite.report.cells import (FULL, GROUP, LOW_BIT, ROW_AXES, empty_stats, ensure_prepared, finished_mean,
+                                pooled_frame, prepare, sort_rows, uaq_label, with_lr_factor)
 from suite.report.data import ACC, FINISHED, MISSING
 from suite.report.fmt import Table
 from suite.report.identity import SUPERSEDED, method_label
@@ -83,7 +83,7 @@ def main_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = C
     `uaq_table`), plus the papers' grid (MAIN_GRID; QARL_ROWS when any W4A16 or TBPO run exists)
     per (task, model, algo) setting with n = 0 where no run of that identity ran.
     """
-    r = prepare(runs)
+    r = ensure_prepared(runs)
     df = pooled_frame(r[~_is_control(r)], ACC, 100.0, n_resamples, seed)
     at_ref = df[(df["lr_factor"] == 1.0) & (df["uaq_group_lr_s"] == 1.0)]
     have = {(tuple(row[k] for k in GROUP), _ident(row)) for _, row in at_ref.iterrows()}
@@ -107,7 +107,7 @@ def uaq_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = CI
     (|dW| / quantization step). Identities with two or more settings also get the grid UAQ_GRID,
     n = 0 where nothing ran.
     """
-    r = prepare(runs)
+    r = ensure_prepared(runs)
     r = r[r["precision"].isin(LOW_BIT)]
     df = pooled_frame(r, ACC, 100.0, n_resamples, seed,
                       extra={"visibility_pct": lambda d: finished_mean(d, "visibility", 100.0),
@@ -171,7 +171,7 @@ def throughput_table(runs: pd.DataFrame) -> pd.DataFrame:
     `timing_s/update_weights` per step; sync_share_pct and gen_share_pct: their mean share of
     `timing_s/step` (per run, ratio of means over RL steps, then averaged over seeds).
     """
-    r = prepare(runs)
+    r = ensure_prepared(runs)
     r["sync_share"] = r["sync_s"] / r["step_s"]
     r["gen_share"] = r["gen_s"] / r["step_s"]
     r["workload"] = [_workload(row) for _, row in r.iterrows()]
@@ -199,7 +199,7 @@ def kl_table(runs: pd.DataFrame) -> pd.DataFrame:
     """KL(quantized || full precision) drift per configuration: `rollout_corr/kl` at the first
     and last RL step (nats/token), means over finished seeds (per-seed last values in `values`),
     and their ratio."""
-    r = prepare(runs)
+    r = ensure_prepared(runs)
     df = pooled_frame(r, "kl_last", extra={"kl_first": lambda d: finished_mean(d, "kl_first"),
                                            "last_step": lambda d: float(d["last_step"].max()) if len(d) else math.nan})
     df = df.rename(columns={"mean": "kl_last", "ci_low": "kl_last_ci_low", "ci_high": "kl_last_ci_high"})
@@ -216,7 +216,7 @@ REASONS = {"FAILED": "the run failed", "KILLED": "the run was killed", "RUNNING"
 
 def run_status(runs: pd.DataFrame) -> pd.DataFrame:
     """Every run that is not averaged (FAILED, KILLED, RUNNING, SUPERSEDED, MISSING sweep cells), with why."""
-    r = prepare(runs)
+    r = ensure_prepared(runs)
     cols = ["status", "reason", "cell", *GROUP, "precision", "fp8_granularity", "method", "uaq_s", "seed", "lr",
             "steps", "trainer_dtype", "last_step", ACC, "group_key", "run_name", "mlflow_run_id", "run_id"]
     df = r[r["status"] != FINISHED].assign(reason=lambda d: d["status"].map(REASONS).fillna(""))[cols].copy()
@@ -230,20 +230,24 @@ def status_counts(runs: pd.DataFrame) -> dict[str, int]:
 
 # ------------------------------------------------------------------------------ all of them
 
-PAPER_NOTE = ("Columns or rows marked 'paper' are the published values (QuRL arXiv 2602.13953, QaRL arXiv "
-              "2604.07853: their models, GPUs and benchmarks, copied from analysis/paper_*.csv); 'measured' "
-              "are the runs at hand (this suite's backend, model presets and synthetic tasks). A measured row "
-              "is paired with a published one only when precision, FP8 granularity, correction, UAQ s, aligned "
-              "forward and algo all match (algo 'unstated': the paper does not say). Compare gaps between "
-              "methods, not absolute values.")
-ROWS_NOTE = ("One row per configuration: runs equal in every semantic config value but the seed (steps, lr, "
-             "trainer dtype, kernel paths and FP8 granularity included); 'variant' names what else differs "
-             "between rows that look alike.")
+def _captions() -> dict:
+    """suite/report/captions.yaml: the tables' titles and captions, and the notes they share."""
+    import importlib.resources
+
+    import yaml
+
+    return yaml.safe_load(importlib.resources.files("suite.report").joinpath("captions.yaml").read_text("utf-8"))
+
+
+CAPTIONS = _captions()
+PAPER_NOTE = CAPTIONS["notes"]["paper"]
+ROWS_NOTE = CAPTIONS["notes"]["rows"]
 
 
 def build_tables(runs: pd.DataFrame, paper: dict[str, pd.DataFrame], n_resamples: int = N_RESAMPLES,
                  seed: int = CI_SEED) -> dict[str, Table]:
-    """Every table of the report, keyed by file stem."""
+    """Every table of the report, keyed by file stem. The run frame is prepared once here
+    (`prepare`); each table reads that frame."""
     runs = prepare(runs)
     ci = describe(n_resamples, seed)
     main = main_table(runs, n_resamples, seed)
@@ -256,36 +260,18 @@ def build_tables(runs: pd.DataFrame, paper: dict[str, pd.DataFrame], n_resamples
     pvu = paper_vs_uaq(uaq, paper["uaq"], UAQ_GRID)
     pvt = paper_vs_throughput(thr, paper["throughput"])
     pvk = paper_vs_kl(kl, paper["kl"])
-    return {
-        "main": Table("main", "Main table: held-out accuracy per configuration",
-                      f"Final held-out accuracy (%), mean over finished seeds; {ci}. {ROWS_NOTE} LR 'ref' = the "
-                      f"setting's reference learning rate. 'missing' = no finished run. Runs: {counts}.",
-                      main, fmt.display_main(main)),
-        "uaq_ablation": Table("uaq_ablation", "UAQ ablation: invariant scale s, LR and per-group LR controls",
-                              f"Low-bit runs. Accuracy (%), {ci}. {ROWS_NOTE} 'group LR xk' = the per-group learning "
-                              "rate control (xk on the weights UAQ rescales, x1/k on the norm gains, no rescaling). "
-                              "Weight-update visibility = mean over RL steps of quant/update_code_changed_frac (% of "
-                              "quantized codes that change per step); |dW|/step = quant/update_step_ratio.",
-                              uaq, fmt.display_uaq(uaq)),
-        "throughput": Table("throughput", "Throughput: rollout tokens/s, speed-up and weight-sync cost",
-                            f"Means over RL steps and finished seeds. {ROWS_NOTE} Speed-up = rollout tokens/s over a "
-                            "BF16 (else FP32) row of the same workload (same config outside quant/correction/uaq, same "
-                            "bf16 kernel path); weight sync = re-quantizing the rollout copy every step "
-                            "(timing_s/update_weights), as a share of timing_s/step.", thr, fmt.display_throughput(thr)),
-        "kl_drift": Table("kl_drift", "KL(quantized || full precision) drift",
-                          f"rollout_corr/kl (nats/token) at the first and last RL step, mean over finished seeds. "
-                          f"{ROWS_NOTE}", kl, fmt.display_kl(kl)),
-        "paper_vs_main": Table("paper_vs_main", "Paper vs measured: main table",
-                               PAPER_NOTE + f" Measured: acc % [95% CI]; {ci}.", pvm, fmt.display_paper_vs(pvm)),
-        "paper_vs_uaq": Table("paper_vs_uaq", "Paper vs measured: UAQ ablation",
-                              PAPER_NOTE + " The UAQ rows also match LR factor and per-group LR control. "
-                              f"Measured: acc % [95% CI]; {ci}.", pvu, fmt.display_paper_vs(pvu)),
-        "paper_vs_throughput": Table("paper_vs_throughput", "Paper vs measured: rollout speed-up", PAPER_NOTE,
-                                     pvt, fmt.display_paper_vs_long(pvt, "throughput")),
-        "paper_vs_kl": Table("paper_vs_kl", "Paper vs measured: KL drift", PAPER_NOTE,
-                             pvk, fmt.display_paper_vs_long(pvk, "kl")),
-        "runs_not_averaged": Table("runs_not_averaged", "Runs not averaged",
-                                   "Failed, killed, still-running and superseded runs, and expected sweep cells with no "
-                                   f"run ({MISSING}); none of them enters any mean above.", status,
-                                   fmt.display_status(status)),
+    fill = {"ci": ci, "rows": ROWS_NOTE, "paper": PAPER_NOTE, "counts": counts, "missing": MISSING}
+    frames = {
+        "main": (main, fmt.display_main(main)),
+        "uaq_ablation": (uaq, fmt.display_uaq(uaq)),
+        "throughput": (thr, fmt.display_throughput(thr)),
+        "kl_drift": (kl, fmt.display_kl(kl)),
+        "paper_vs_main": (pvm, fmt.display_paper_vs(pvm)),
+        "paper_vs_uaq": (pvu, fmt.display_paper_vs(pvu)),
+        "paper_vs_throughput": (pvt, fmt.display_paper_vs_long(pvt, "throughput")),
+        "paper_vs_kl": (pvk, fmt.display_paper_vs_long(pvk, "kl")),
+        "runs_not_averaged": (status, fmt.display_status(status)),
     }
+    text = CAPTIONS["tables"]
+    return {name: Table(name, text[name]["title"], text[name]["caption"].format(**fill), data, shown)
+            for name, (data, shown) in frames.items()}

@@ -192,3 +192,30 @@ def test_a_configuration_finished_twice_counts_once():
     main = T.main_table(df)
     row = row_of(main, precision="int8", method="ACR")
     assert (row["n"], row["acc_pct"], row["not_averaged"]) == (1, 75.0, f"1 {D.SUPERSEDED}")
+
+
+def test_a_report_prepares_its_run_frame_once_and_every_table_equals_its_own_call(monkeypatch):
+    """build_tables prepares the runs once (suite.report.cells.prepare) and each table reads that
+    frame: the tables equal the ones each table function makes from the raw runs on its own."""
+    from suite.report import cells
+    from suite.report.paper import load_paper
+
+    runs = frame([
+        {"precision": "bf16", "correction": "naive", "uaq_s": 1.0, "seed": 0, "acc": 0.50, "kl_first": 1e-5,
+         "kl_last": 2e-5, "gen_tokens_per_s": 100.0, "sync_s": 0.1, "gen_s": 1.0, "step_s": 2.0},
+        {"precision": "int8", "seed": 0, "acc": 0.40, "kl_first": 1e-4, "kl_last": 3e-4, "gen_tokens_per_s": 150.0,
+         "sync_s": 0.2, "gen_s": 0.7, "step_s": 1.8},
+        {"precision": "int8", "seed": 0, "acc": 0.45, "status": "FAILED"},
+    ])
+    alone = {"main": T.main_table(runs), "uaq_ablation": T.uaq_table(runs), "throughput": T.throughput_table(runs),
+             "kl_drift": T.kl_table(runs), "runs_not_averaged": T.run_status(runs)}
+    calls = []
+    real = cells.prepare
+    monkeypatch.setattr(T, "prepare", lambda r: calls.append(1) or real(r))
+    monkeypatch.setattr(cells, "prepare", lambda r: calls.append(1) or real(r))
+    tables = T.build_tables(runs, load_paper())
+    assert len(calls) == 1
+    for name, df in alone.items():
+        pd.testing.assert_frame_equal(tables[name].data.reset_index(drop=True), df.reset_index(drop=True))
+    assert "{" not in "".join(t.caption for t in tables.values())  # every placeholder filled
+    assert "Runs: 1 FAILED, 2 FINISHED." in tables["main"].caption
