@@ -45,12 +45,10 @@ def t_interval(values, level: float = LEVEL) -> tuple[float, float]:
 
 
 def bootstrap_ci(values, n_resamples: int = N_RESAMPLES, seed: int = CI_SEED, level: float = LEVEL) -> tuple[float, float]:
-    """Percentile bootstrap confidence interval of the mean of `values`.
-
-    Draws `n_resamples` resamples of len(values) with replacement (numpy Generator(PCG64)
-    seeded with `seed`, one `integers(0, n, size=(n_resamples, n))` call) and returns the
-    (1-level)/2 and (1+level)/2 percentiles of the resample means (numpy's linear
-    interpolation). One value gives (x, x); none gives (nan, nan).
+    """Percentile bootstrap confidence interval of the mean of `values`: `scipy.stats.bootstrap`
+    (method "percentile", `n_resamples` resamples of len(values) with replacement, numpy
+    Generator(PCG64) seeded with `seed`): the (1-level)/2 and (1+level)/2 percentiles of the
+    resample means. One value gives (x, x); none gives (nan, nan).
     """
     x = _finite(values)
     if x.size == 0:
@@ -59,11 +57,11 @@ def bootstrap_ci(values, n_resamples: int = N_RESAMPLES, seed: int = CI_SEED, le
         return (float(x[0]), float(x[0]))
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, x.size, size=(n_resamples, x.size))  # [B, n]
-    means = x[idx].mean(axis=1)  # [B]
-    lo, hi = np.percentile(means, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
-    return (float(lo), float(hi))
+    from scipy import stats
+
+    ci = stats.bootstrap((x,), np.mean, n_resamples=n_resamples, method="percentile", confidence_level=level,
+                         vectorized=True, random_state=np.random.default_rng(seed)).confidence_interval
+    return (float(ci.low), float(ci.high))
 
 
 def mean_ci(values, n_resamples: int = N_RESAMPLES, seed: int = CI_SEED,
