@@ -4,12 +4,12 @@
     suite bench step        # one RL step split into sync / gen / prox log-probs / train, per precision
     suite bench peer        # our engine vs Hugging Face `generate`, same weights, batch, dtype
     suite bench gpu         # INT8 / FP8 GEMMs vs bf16 at 7B / 32B shapes (needs CUDA)
-    suite bench overheads   # sweep expansion, MLflow logging share, `suite report` over many runs
 
 Every ratio is measured side by side in one process, interleaved, after warm-up, median of
 repeats; each benchmark prints a table (or `--json` rows) and logs one MLflow run with the
 table as an artifact. `suite bench gpu` also runs without the suite installed:
-`python suite/bench/gpu.py` needs torch alone.
+`python suite/bench/gpu.py` needs torch alone. Benchmarks that serve the suite's own
+development (orchestration overheads, the report's MLflow reads) are in benchmarks/, not installed.
 """
 
 # Each subcommand imports torch and friends inside its function, so `suite -h` stays fast.
@@ -21,10 +21,10 @@ import argparse
 
 def register(subparsers) -> None:
     """Add the `bench` verb and its subcommands to the `suite` CLI."""
-    from suite.bench import gpu, overheads, peer, rollout, step
+    from suite.bench import gpu, peer, rollout, step
 
-    p = subparsers.add_parser("bench", help="benchmarks: rollout, step, peer, gpu, overheads",
+    p = subparsers.add_parser("bench", help="benchmarks: rollout, step, peer, gpu",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="bench", required=True)
-    for module in (rollout, step, peer, gpu, overheads):
+    for module in (rollout, step, peer, gpu):
         module.register(sub)

@@ -56,7 +56,8 @@ def parse_ints(option: str, text: str, minimum: int = 1) -> list[int]:
 def add_common_args(p) -> None:
     """Options every `suite bench` subcommand takes."""
     p.add_argument("--json", action="store_true", help="print the rows as a JSON list on stdout (header on stderr)")
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds per variant; the median is reported (default 5)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed rounds per variant; the median is reported (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds per variant before timing (default 1)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     p.add_argument("--tracking-uri", default=None,
@@ -64,7 +65,8 @@ def add_common_args(p) -> None:
     p.add_argument("--experiment", default=BENCH_EXPERIMENT, help=f"MLflow experiment (default {BENCH_EXPERIMENT})")
     p.add_argument("--no-mlflow", action="store_true", help="do not log the benchmark to MLflow")
     p.add_argument("--out", default="bench_results",
-                   help="directory for the table files (<name>.json, <name>.md) logged as artifacts (default bench_results)")
+                   help="directory for the table files (<name>.json, <name>.md) logged as artifacts "
+                        "(default bench_results)")
 
 
 def check_common(args) -> None:

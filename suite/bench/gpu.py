@@ -309,7 +309,8 @@ def report(rows, summary, info) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gpu.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="gpu.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_args(p)
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the tables")
     p.add_argument("--out", default=None, help="directory for gpu.json and gpu.md")

@@ -36,8 +36,8 @@ from suite.bench.common import (
 
 COLUMNS = ("model", "d_model", "batch", "new_tokens", "precision", "path", "tokens_per_s", "ratio_vs_fp32",
            "ratio_vs_bf16", "gen_s", "spread", "sync_ms", "sync_pct_of_gen")
-PROFILE_COLUMNS = ("model", "batch", "precision", "path", "gemm", "attention", "act_quant", "sampling", "other", "total_s",
-                   "aten_calls")
+PROFILE_COLUMNS = ("model", "batch", "precision", "path", "gemm", "attention", "act_quant", "sampling", "other",
+                   "total_s", "aten_calls")
 
 
 def register(sub) -> None:

@@ -11,7 +11,7 @@ later timestamp):
   MLflow versions `SQL_FAST_PATH` names, where tests/report/test_report_history.py checks it
   returns exactly what `client` returns. Elsewhere `auto` picks `client`.
 
-Speed on a 200-run store (docs/reports.md, "Speed"; tests/report/bench_history.py).
+Speed on a 200-run store (docs/reports.md, "Speed"; benchmarks/report_history.py).
 """
 
 from __future__ import annotations

@@ -1,13 +1,18 @@
-"""`suite bench overheads`: the sweep file it writes, the meter, and a short real measurement."""
+"""benchmarks/overheads.py (a development benchmark, not installed): the sweep file it writes, the
+meter, and a short real measurement."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
-from suite.bench import overheads
-from suite.cli import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import overheads  # noqa: E402  (benchmarks/ is a directory of scripts, not a package)
+
+main = overheads.main
 
 
 def test_grid_has_1000_distinct_cells():
@@ -39,7 +44,7 @@ def test_meter_counts_outermost_calls_only():
 def test_overheads_short_run(tiny_run, tmp_path, capsys):
     pytest.importorskip("suite.sweep.spec")
     pytest.importorskip("suite.report.cli")
-    rc = main(["bench", "overheads", "--json", "--cells", "6", "--runs", "5", "--api-runs", "2", "--report-steps", "2",
+    rc = main(["--json", "--cells", "6", "--runs", "5", "--api-runs", "2", "--report-steps", "2",
                "--no-notebook",
                "--repeats", "1", "--warmup", "0", "--run-overrides", " ".join(tiny_run),
                "--tracking-uri", f"sqlite:///{tmp_path / 'bench.db'}", "--out", str(tmp_path / "out")])
@@ -58,7 +63,7 @@ def test_overheads_short_run(tiny_run, tmp_path, capsys):
 
 
 def test_bad_options(capsys):
-    assert main(["bench", "overheads", "--parts", "sweep,disk", "--no-mlflow"]) == 2
+    assert main(["--parts", "sweep,disk", "--no-mlflow"]) == 2
     assert "--parts='disk' is not allowed; choose from: sweep, mlflow, report" in capsys.readouterr().err
-    assert main(["bench", "overheads", "--cells", "1001", "--no-mlflow"]) == 2
+    assert main(["--cells", "1001", "--no-mlflow"]) == 2
     assert "--cells=1001 must be in 1..1000" in capsys.readouterr().err

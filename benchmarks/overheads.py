@@ -1,4 +1,7 @@
-"""`suite bench overheads`: what orchestration costs, next to the science it orchestrates.
+"""What orchestration costs, next to the science it orchestrates (a development benchmark: not
+installed with the package; run from a checkout).
+
+    python benchmarks/overheads.py [--parts sweep,mlflow,report] [--json]
 
 - sweep: expanding and validating an N-cell sweep file (`suite.sweep.spec.load_sweep`: every
   cell composed, validated, hashed to its run id), median of repeats.
@@ -54,9 +57,9 @@ def grid() -> dict[str, list[str]]:
             "uaq.s": ["1.0", "1.25", "1.5", "1.75", "2.0"], "seed": [str(i) for i in range(10)]}
 
 
-def register(sub) -> None:
-    p = sub.add_parser("overheads", help="sweep expansion, MLflow logging share, `suite report` over many runs",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python benchmarks/overheads.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated: {', '.join(PARTS)}")
     p.add_argument("--cells", type=int, default=1000, help="sweep cells to expand (<= 1000; default 1000)")
     p.add_argument("--run-overrides", default="steps=20",
@@ -69,6 +72,12 @@ def register(sub) -> None:
     p.add_argument("--no-notebook", action="store_true", help="time `suite report --no-notebook`")
     add_common_args(p)
     p.set_defaults(func=cmd_overheads, repeats=3)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
 
 
 def grid_cells(n: int) -> list[dict[str, str]]:
@@ -267,7 +276,7 @@ def _write_runs(uri: str, experiment: str, n: int, steps: int, api_runs: int) ->
     rng = random.Random(0)
     keys = [mlflow_metric_key(k) for k in (*HISTORY_KEYS, acc_key("arith"))]
     now = int(time.time() * 1000)
-    cells, g = grid_cells(n), grid()
+    cells = grid_cells(n)
     k = min(n, api_runs) if uri.startswith("sqlite:///") else n
     templates = []
     t0 = time.perf_counter()
@@ -376,7 +385,7 @@ def cmd_overheads(args) -> int:
             except (ConfigError, HydraException, OmegaConfBaseException) as exc:
                 raise BenchError(f"--run-overrides {args.run_overrides!r}: {exc}") from None
     except BenchError as exc:
-        note(f"suite bench overheads: {exc}")
+        note(f"benchmarks/overheads.py: {exc}")
         return 2
     set_threads(args.threads)
     tmp = tempfile.mkdtemp(prefix="suite-bench-overheads-")
@@ -404,3 +413,7 @@ def cmd_overheads(args) -> int:
               "report_steps": args.report_steps, "repeats": args.repeats, "notebook": not args.no_notebook}
     emit(args, "overheads", "overheads", info, rows, COLUMNS, notes, params, metrics)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

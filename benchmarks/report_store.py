@@ -1,6 +1,6 @@
 """Benchmark (a script, not a test): `suite report` over N synthetic runs in a sqlite store.
 
-    python tests/report/bench_report.py --runs 1000 --steps 50 --dir /tmp/report-bench
+    python benchmarks/report_store.py --runs 1000 --steps 50 --dir /tmp/report-bench
 
 Writes N runs shaped like the trainer's (axes tags, ~60 params, the metric keys the report
 reads at every step, MLflow statuses with ~3% FAILED and ~2% RUNNING) with one `log_batch`
@@ -23,7 +23,7 @@ import numpy as np
 
 
 def write_runs(uri: str, n_runs: int, steps: int, seed: int = 0) -> float:
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
     from suite.report.data import HISTORY_KEYS, acc_key

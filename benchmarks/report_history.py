@@ -1,8 +1,8 @@
 """Benchmark (a script, not a test): reading the report's metric histories, every way there is.
 
-    python tests/report/bench_history.py --runs 200 --steps 50 --dir /tmp/suite-history-bench
+    python benchmarks/report_history.py --runs 200 --steps 50 --dir /tmp/suite-history-bench
 
-Builds a sqlite store of N synthetic runs shaped like the trainer's (tests/report/bench_report.py:
+Builds a sqlite store of N synthetic runs shaped like the trainer's (benchmarks/report_store.py:
 the keys the report reads at every step), each with a `metrics.jsonl` artifact holding the same
 values (the trainer logs one at the end of a run), then reads every history through:
 
@@ -77,7 +77,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_report import write_runs
+    from report_store import write_runs
     from mlflow.tracking import MlflowClient
 
     from suite.report import history as H
