@@ -16,6 +16,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from procs import kill_procs_naming, procs_naming
 from _sweep_helpers import TINY, child_env, write_sweep
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
@@ -25,33 +26,6 @@ from suite.launch.guard import Driver
 
 SUITE = [sys.executable, "-m", "suite.cli"]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-
-
-def _procs_of(folder: Path) -> list[str]:
-    """Live processes whose command line names `folder` (submitit controllers and their tasks)."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                if fh.read().split(")")[-1].split()[0] == "Z":
-                    continue
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read().decode(errors="replace").replace("\0", " ")
-        except OSError:
-            continue
-        if str(folder) in cmd:
-            out.append(f"{pid}: {cmd}")
-    return out
-
-
-def _kill_leftovers(folder: Path) -> None:
-    for line in _procs_of(folder):
-        try:
-            os.kill(int(line.split(":")[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _wait_for(cond, proc, timeout_s: float, what: str):
@@ -75,7 +49,7 @@ def _driver(argv: list[str], cwd: Path, folder: Path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        _kill_leftovers(folder)
+        kill_procs_naming(folder)
 
 
 def _assert_stopped(uri: str, parent_status: str, experiment: str = "suite", role=("suite.kind", "sweep")) -> list:
@@ -139,7 +113,7 @@ def test_sigterm_to_a_local_sweep_stops_its_cells_and_ends_their_runs(tmp_path, 
         assert proc.wait(timeout=300) == 130
         text = proc.stdout.read()
         assert "driver interrupted: cancelling" in text and "interrupted: run `suite sweep" in text, text
-        assert _procs_of(folder) == [], "a cell outlived its driver"
+        assert procs_naming(folder) == [], "a cell outlived its driver"
     _assert_stopped(uri, "KILLED")
     status = subprocess.run([*SUITE, "status", str(path)], capture_output=True, text=True, env=child_env(),
                             cwd=tmp_path, timeout=300)
@@ -164,7 +138,7 @@ def test_a_sweep_driver_whose_poll_raises_stops_its_cells(tmp_path, sweep_env):
         assert "driver failed" in text and str(jobs) in text, text
         # no traceback of the driver's (a cancelled submitit controller prints its own KeyboardInterrupt)
         assert f'File "{Path(suite.__file__).parent}' not in text, text
-        assert _procs_of(folder) == [], "a cell outlived its driver"
+        assert procs_naming(folder) == [], "a cell outlived its driver"
     _assert_stopped(uri, "FAILED")
     jobs.rmdir()
     os.rename(state / "jobs.saved", jobs)  # the state dir repaired: the re-run resumes the cells
@@ -195,7 +169,7 @@ def test_sigterm_to_a_tune_driver_stops_its_trials_and_a_rerun_resumes_them(tmp_
         assert proc.wait(timeout=300) == 130
         text = proc.stdout.read()
         assert "cancelling 2 job(s): trial 0, trial 1" in text, text
-        assert _procs_of(folder) == [], "a trial outlived its driver"
+        assert procs_naming(folder) == [], "a trial outlived its driver"
     study = optuna.load_study(study_name="stop", storage=f"sqlite:///{db}")
     assert [t.state for t in study.trials] == [TrialState.RUNNING] * 2  # resumed by the next driver
     children = _assert_stopped(uri, "KILLED", "tune-stop", ("tune_role", "study"))

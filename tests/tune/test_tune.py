@@ -21,6 +21,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from procs import kill_procs_naming
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
@@ -51,24 +52,6 @@ def suite_tune(*args):
     return [sys.executable, "-m", "suite.cli", "tune", *args]
 
 
-def kill_leftover_jobs(folder: Path) -> None:
-    """SIGKILL the trial jobs (submitit controllers and workers) still running from `folder`:
-    a killed `suite tune` leaves its jobs running by design; a failed test must not."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read().decode(errors="replace")
-        except OSError:
-            continue
-        if "submitit" in cmd and str(folder) in cmd:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 # ~3 min on a quiet 2-core machine; far longer when the cores are shared, hence the timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -82,7 +65,7 @@ def study_files(request):
     try:
         yield _study_files(root)
     finally:
-        kill_leftover_jobs(root)
+        kill_procs_naming(root)
         if request.session.testsfailed == failed:
             shutil.rmtree(root, ignore_errors=True)
         else:
