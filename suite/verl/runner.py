@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -48,7 +49,8 @@ class Allocation:
     job_id: str = ""  # SLURM job id ("" outside SLURM)
 
 
-def slurm_allocation(env: Mapping[str, str] | None = None, hostnames: Callable[[str], list[str]] | None = None) -> Allocation:
+def slurm_allocation(env: Mapping[str, str] | None = None,
+                     hostnames: Callable[[str], list[str]] | None = None) -> Allocation:
     """The allocation from SLURM's environment (``SLURM_JOB_NODELIST``, ``SLURM_NODEID``)."""
     env = os.environ if env is None else env
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
@@ -90,7 +92,8 @@ def node_script(cfg: DictConfig, run_dir: str, alloc: Allocation, mlflow_run_id:
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in run_env(cfg, mlflow_run_id).items())
     lines = [
         "#!/usr/bin/env bash",
-        f"# suite verl run, node {alloc.node_rank} of {len(alloc.nodes)} ({'Ray head' if alloc.node_rank == 0 else 'Ray worker'})",
+        f"# suite verl run, node {alloc.node_rank} of {len(alloc.nodes)} "
+        f"({'Ray head' if alloc.node_rank == 0 else 'Ray worker'})",
         f"# run dir: {os.path.abspath(run_dir)}",
         "set -euo pipefail",
         exports,
@@ -146,7 +149,8 @@ def node_script(cfg: DictConfig, run_dir: str, alloc: Allocation, mlflow_run_id:
 
 def _execute(argv: list[str], log_path: str, env: Mapping[str, str]) -> int:
     """Run ``argv``, teeing its output to ``log_path`` and to stdout (progress of a long run)."""
-    with open(log_path, "ab") as log, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(env)) as p:
+    with open(log_path, "ab") as log, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                       env=dict(env)) as p:
         assert p.stdout is not None
         for line in p.stdout:
             log.write(line)
@@ -182,28 +186,41 @@ def _mlflow_run(cfg: DictConfig, run_dir: str) -> str:
     return rid
 
 
+_MEAN_AT = re.compile(r"^val-core/(?P<source>.+)/(?P<var>acc|reward)/mean_at_(?P<n>\d+)$")
+
+
 def read_summary(tracking_uri: str, mlflow_run_id: str) -> dict:
     """Held-out accuracy at the first and last evaluation from verl's MLflow metrics.
 
-    verl logs ``val-core/<data_source>/<acc|reward>/mean@1`` (MLflow: ``mean_at_1``); with several
-    data sources the mean over them is used; ``acc`` is preferred over ``reward`` when both exist.
+    verl logs ``val-core/<data_source>/<acc|reward>/mean@N`` (MLflow: ``mean_at_N``), N =
+    ``rollout.val_kwargs.n``: ``mean@1`` for greedy validation, ``mean@32`` for QuRL's AIME
+    Avg@32. The summary reads the largest N the run logged (its validation setting), ``acc``
+    before ``reward``, the mean over data sources; ``val_n`` says which N. Where verl also logs
+    ``best@N/mean`` (pass@N), ``final_pass_at_n`` is its last value (mean over sources).
     """
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
-    keys = [k for k in client.get_run(mlflow_run_id).data.metrics if k.startswith("val-core/") and k.endswith("/mean_at_1")]
-    acc = [k for k in keys if k.split("/")[-2] == "acc"] or [k for k in keys if k.split("/")[-2] == "reward"]
-    if not acc:
-        raise RuntimeError(f"MLflow run {mlflow_run_id} has no val-core/*/acc|reward/mean_at_1 metric (keys: {sorted(keys)})")
-    firsts, lasts, steps = [], [], []
-    for key in acc:
+    found = [(m, k) for k in client.get_run(mlflow_run_id).data.metrics if (m := _MEAN_AT.match(k))]
+    if not found:
+        raise RuntimeError(f"MLflow run {mlflow_run_id} has no val-core/*/acc|reward/mean_at_N metric "
+                           f"(keys: {sorted(client.get_run(mlflow_run_id).data.metrics)})")
+    n = max(int(m["n"]) for m, _ in found)
+    at_n = [(m, k) for m, k in found if int(m["n"]) == n]
+    acc = sorted(k for m, k in at_n if m["var"] == "acc") or sorted(k for m, k in at_n if m["var"] == "reward")
+
+    def first_last(key: str) -> tuple[float, float, int]:
         hist = sorted(client.get_metric_history(mlflow_run_id, key), key=lambda m: (m.step, m.timestamp))
-        firsts.append(hist[0].value)
-        lasts.append(hist[-1].value)
-        steps.append(hist[-1].step)
-    base, final = sum(firsts) / len(firsts), sum(lasts) / len(lasts)
-    return {"baseline_acc": base, "final_acc": final, "delta_acc": final - base, "steps": max(steps),
-            "metric_keys": sorted(acc), "mlflow_run_id": mlflow_run_id}
+        return hist[0].value, hist[-1].value, hist[-1].step
+
+    vals = [first_last(k) for k in acc]
+    base, final = sum(v[0] for v in vals) / len(vals), sum(v[1] for v in vals) / len(vals)
+    out = {"baseline_acc": base, "final_acc": final, "delta_acc": final - base, "steps": max(v[2] for v in vals),
+           "metric_keys": acc, "val_n": n, "mlflow_run_id": mlflow_run_id}
+    best = [k.replace(f"/mean_at_{n}", f"/best_at_{n}/mean") for k in acc]
+    if n > 1 and all(b in client.get_run(mlflow_run_id).data.metrics for b in best):
+        out["final_pass_at_n"] = sum(first_last(b)[1] for b in best) / len(best)
+    return out
 
 
 def _wait_for_run_id(run_dir: str, timeout_s: float = JOIN_TIMEOUT_S) -> str:
@@ -260,7 +277,8 @@ def run(cfg: DictConfig, run_dir: str, *, env: Mapping[str, str] | None = None,
         deadline = time.time() + SUMMARY_WAIT_S
         while not os.path.isfile(summary_path):
             if time.time() > deadline:
-                raise RuntimeError(f"node {alloc.node_rank}: Ray stopped but the head wrote no {summary_path}; see {run_dir}/{LOG_FILE}")
+                raise RuntimeError(f"node {alloc.node_rank}: Ray stopped but the head wrote no {summary_path}; "
+                                   f"see {run_dir}/{LOG_FILE}")
             time.sleep(10)
         with open(summary_path) as fh:
             return {**json.load(fh), "already_finished": False}
@@ -284,7 +302,8 @@ def _run_head(cfg: DictConfig, run_dir: str, alloc: Allocation, env: Mapping[str
         argv = ["bash", script]
     else:
         argv = run_command(cfg, run_dir)
-        _write(script, "#!/usr/bin/env bash\n" + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in run_env(cfg, rid).items())
+        _write(script, "#!/usr/bin/env bash\n"
+               + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in run_env(cfg, rid).items())
                + f"cd {shlex.quote(os.path.abspath(run_dir))}\n" + " ".join(shlex.quote(a) for a in argv) + "\n")
     print(f"suite verl: {' '.join(shlex.quote(a) for a in argv)}\n  log: {log_path}", flush=True)
     rc = execute(argv, log_path, {**env, **run_env(cfg, rid)})

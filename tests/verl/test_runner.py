@@ -38,7 +38,8 @@ def verl_cfg(tiny_qwen2, tmp_path, mlflow_db):
 def test_two_node_scripts(verl_cfg, tmp_path):
     cfg = verl_cfg("backend.nnodes=2", "quant=int8", "uaq.s=1.0")
     alloc = slurm_allocation({"SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_NODEID": "0", "SLURM_CPUS_PER_TASK": "96",
-                              "SLURM_JOB_ID": "77"}, hostnames=lambda nl: ["gpu01", "gpu02"] if nl == "gpu[01-02]" else [])
+                              "SLURM_JOB_ID": "77"},
+                             hostnames=lambda nl: ["gpu01", "gpu02"] if nl == "gpu[01-02]" else [])
     assert alloc == Allocation(nodes=("gpu01", "gpu02"), node_rank=0, cpus_per_node=96, job_id="77")
     run_dir = str(tmp_path / "r")
     head = node_script(cfg, run_dir, alloc, "abc123")
@@ -146,7 +147,8 @@ def test_int8_hook_quantizers_run_anywhere_and_only_the_gpu_fold_needs_a_gpu():
     """The re-quantization is the suite's CPU quantizer (the live-engine sync is tested in
     tests/vllm_cpu); only the fold into live CUDA tensors is GPU-only, and it says so."""
     from suite.core.quant import QuantScheme, fake_quant, quantize_int8_per_channel
-    from suite.verl.int8_hook import NoGPUError, fake_quant_weights, fold_into_live, is_quantized_linear, requantize_int8
+    from suite.verl.int8_hook import (NoGPUError, fake_quant_weights, fold_into_live, is_quantized_linear,
+                                      requantize_int8)
 
     w = torch.randn(8, 16)
     out = dict(requantize_int8([("model.layers.0.mlp.up_proj.weight", w), ("model.norm.weight", w[0])]))
@@ -190,3 +192,29 @@ def test_cpu_workarounds_dedupe_verls_backend_string():
     assert dedupe_backend("cpu:gloo,cpu:gloo") == "cpu:gloo"  # verl's f"cpu:gloo,{device}:{comm}" on the CPU
     assert dedupe_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,cuda:nccl"
     assert dedupe_backend("gloo") == "gloo" and dedupe_backend(None) is None
+
+
+def test_summary_reads_avg_at_32_and_pass_at_32_where_verl_logs_them(tmp_path):
+    """A run validated as QuRL reports AIME (rollout.val_kwargs.n=32) logs only mean@32 (and
+    best@32/mean, maj@32/mean) for its core metric: read, not FAILED; two data sources averaged."""
+    import mlflow
+
+    from suite.verl.runner import read_summary
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run() as r:
+        for step, (a, b) in ((0, (0.125, 0.25)), (10, (0.25, 0.5))):
+            for src, acc in (("aime24", a), ("amc", b)):
+                mlflow.log_metric(f"val-core/{src}/acc/mean_at_32", acc, step=step)
+                mlflow.log_metric(f"val-core/{src}/acc/best_at_32/mean", min(1.0, 2 * acc), step=step)
+                mlflow.log_metric(f"val-core/{src}/acc/maj_at_32/mean", acc, step=step)
+                mlflow.log_metric(f"val-aux/{src}/reward/mean_at_1", acc, step=step)
+    s = read_summary(uri, r.info.run_id)
+    assert s["val_n"] == 32 and s["metric_keys"] == ["val-core/aime24/acc/mean_at_32", "val-core/amc/acc/mean_at_32"]
+    assert s["baseline_acc"] == pytest.approx((0.125 + 0.25) / 2) and s["final_acc"] == pytest.approx(0.375)
+    assert s["steps"] == 10 and s["final_pass_at_n"] == pytest.approx((0.5 + 1.0) / 2)
+    with mlflow.start_run() as empty:
+        mlflow.log_metric("val-aux/aime24/acc/mean_at_32", 0.5, step=0)
+    with pytest.raises(RuntimeError, match="no val-core/\\*/acc\\|reward/mean_at_N"):
+        read_summary(uri, empty.info.run_id)
