@@ -150,7 +150,8 @@ def markdown(cells: pd.DataFrame, pairs: pd.DataFrame) -> str:
     lines = ["# Dose-response map: summary", "",
              "95% t-intervals over seeds (Student-t, n - 1 degrees of freedom); paired differences are "
              "per seed, arm minus TIS.", "", "## Paired differences in final held-out accuracy (pp)", "",
-             "| movement | dose | k3 KL | comparison | n | mean | 95% CI | per seed |", "|---|---|---|---|---|---|---|---|"]
+             "| movement | dose | k3 KL | comparison | n | mean | 95% CI | per seed |",
+             "|---|---|---|---|---|---|---|---|"]
     for _, r in pairs.iterrows():
         ci = "" if np.isnan(r["ci_low"]) else f"[{r['ci_low']:+.1f}, {r['ci_high']:+.1f}]"
         lines.append(f"| {r['movement']} | {r['dose']} | {r['k3_kl']:.2e} | {r['comparison']} | {r['n']} | "
@@ -211,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     p.add_argument("--experiment", default=EXPERIMENT)
-    p.add_argument("--steps", type=int, default=100, help="the map's run length (the probe's 60-step round 1 is left out)")
+    p.add_argument("--steps", type=int, default=100,
+                   help="the map's run length (the probe's 60-step round 1 is left out)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "dose_response")
     args = p.parse_args(argv)
     runs = load(args.tracking_uri, args.experiment)

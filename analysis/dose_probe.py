@@ -132,7 +132,8 @@ def probe_one(label: str, overrides: str, work: str) -> dict:
         "label": label, "overrides": overrides, "run_id": rid,
         "median_k3": st.median(k3), "mean_k3": st.mean(k3), "min_k3": min(k3), "max_k3": max(k3),
         "median_kl": st.median(kl), **acc,
-        "ratio_0": acc["acc_q_0"] / acc["acc_fp32_0"], "ratio_6": acc[f"acc_q_{cfg.steps}"] / acc[f"acc_fp32_{cfg.steps}"],
+        "ratio_0": acc["acc_q_0"] / acc["acc_fp32_0"],
+        "ratio_6": acc[f"acc_q_{cfg.steps}"] / acc[f"acc_fp32_{cfg.steps}"],
         "run_s": round(run_s, 1), "eval_s": round(eval_s, 1), "n_k3": len(k3),
     }
 

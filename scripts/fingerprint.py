@@ -59,7 +59,8 @@ def _tensor_digests(state, prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     if isinstance(state, torch.Tensor):
         t = state.detach().cpu().contiguous().reshape(-1)
-        out[prefix] = f"{state.dtype}{list(state.shape)}:" + hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+        out[prefix] = (f"{state.dtype}{list(state.shape)}:"
+                       + hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()[:16])
     elif isinstance(state, dict):
         for k in sorted(state, key=str):
             out.update(_tensor_digests(state[k], f"{prefix}/{k}"))
@@ -143,7 +144,8 @@ def compare(old: str, new: str) -> int:
         diff = _first_difference(a, b)
         n_keys = sum(len(m) for m in a["metrics"].values())
         print(f"{a['cell']}: " + (f"DIFFERENT at {diff}" if diff else
-                                   f"bit-identical ({n_keys} metric values, {len(a['checkpoint'])} checkpoint entries)"))
+                                   f"bit-identical ({n_keys} metric values, "
+                                   f"{len(a['checkpoint'])} checkpoint entries)"))
         bad += diff is not None
     return 1 if bad else 0
 

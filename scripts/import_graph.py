@@ -115,7 +115,9 @@ def main() -> None:
         sub = me.split(".")[1] if me.count(".") >= 1 and (ROOT / PACKAGE / me.split(".")[1]).is_dir() else "(top)"
         lines[sub] += len(f.read_text(encoding="utf-8").splitlines())
     comps = circles(graph)
-    inside = lambda m, pkg: m == pkg or m.startswith(pkg + ".")
+    def inside(m, pkg):
+        return m == pkg or m.startswith(pkg + ".")
+
     upward = sorted((me, t) for me, ts in graph.items() for t in ts for pkg in UPPER
                     if inside(t, pkg) and not inside(me, pkg) and not any(inside(me, u) for u in UPPER))
     upward += sorted((me, t) for me, ts in graph.items() if inside(me, LAUNCH) for t in ts
@@ -131,7 +133,8 @@ def main() -> None:
     print(f"private names imported across modules: {len(privates)}")
     for me, target, name in sorted(privates):
         print(f"  {me} <- {target}.{name}")
-    print("package lines: " + ", ".join(f"{k} {v}" for k, v in sorted(lines.items())) + f"; total {sum(lines.values())}")
+    print("package lines: " + ", ".join(f"{k} {v}" for k, v in sorted(lines.items()))
+          + f"; total {sum(lines.values())}")
     if args.edges:
         for me in sorted(graph):
             for t in sorted(graph[me]):

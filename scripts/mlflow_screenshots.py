@@ -205,7 +205,8 @@ def main() -> int:
         b = Chromium(browser, 1900, 900)
         try:
             # the table nests the cells under the sweep's parent run: open it ("+" in its row)
-            expand = ("(() => { const a = Array.from(document.querySelectorAll('a')).find(x => x.innerText === 'shots');"
+            expand = ("(() => { const a = Array.from(document.querySelectorAll('a'))"
+                      ".find(x => x.innerText === 'shots');"
                       " a.closest('.ag-row').querySelector('button').click();"
                       f" return \"document.body.innerText.includes('{cells[0].info.run_name}')\"; }})()")
             shoot(b, f"{base}/#/experiments/{e}/runs?{ml}", out / "mlflow_runs_table.png",

@@ -56,7 +56,8 @@ class BackendConfig:
 
 @dataclass
 class ModelConfig:
-    preset: str = "tiny"  # tiny (~0.9M params, default and tests) | small (~3M) | base (~12M) | large (~50M) | wide (d_model 512)
+    # tiny (~0.9M params, default and tests) | small (~3M) | base (~12M) | large (~50M) | wide (d_model 512)
+    preset: str = "tiny"
 
 
 @dataclass
@@ -82,7 +83,8 @@ class QuantConfig:
     group_size: int = 128
     symmetric: bool = True  # W4A16 / wa16: symmetric (no zero point) or asymmetric
     weight_bits: int = 4  # wa16 weight width in bits: 2 | 3 | 4 | 6 | 8 (the weight-only dose axis); others: 4
-    lm_head: bool = False  # quantize lm_head like the block linears (vLLM keeps it 16-bit); low-bit precisions, embedded
+    # quantize lm_head like the block linears (vLLM keeps it 16-bit); low-bit precisions, embedded
+    lm_head: bool = False
     # Activation-outlier transform (suite.core.outliers, the inverse of SmoothQuant; embedded): outlier_channels
     # channels of each block norm's gain times outlier_alpha, the fed q/k/v/gate/up input columns divided by it,
     # at every use of the weights by the rollout (and the aligned forward). The same function in full precision;
@@ -117,7 +119,8 @@ class CorrectionConfig:
     tbpo_delta_neg_low: float = TBPO_DELTA_NEG_LOW  # TBPO: negative-advantage band lower edge 1 - delta_neg_low
     tbpo_delta_neg_high: float = TBPO_DELTA_NEG_HIGH  # TBPO: negative-advantage band upper edge 1 + delta_neg_high
     tbpo_seq_cap: float = TBPO_SEQ_CAP  # TBPO: cap of the sequence-level IS weight w_seq
-    aligned_forward: bool = False  # QaRL: trainer forward uses the rollout quantizer (fake-quant, STE; W8A8 for int8/fp8)
+    # QaRL: trainer forward uses the rollout quantizer (fake-quant, STE; W8A8 for int8/fp8)
+    aligned_forward: bool = False
 
 
 @dataclass
@@ -285,7 +288,9 @@ def check_number(cfg: DictConfig, key: str, lo: float | None = None, hi: float |
                  lo_open: bool = False, hi_open: bool = False) -> None:
     """``key`` is a finite real number in the interval [lo, hi] (open at an end when asked)."""
     value = OmegaConf.select(cfg, key)
-    f = lambda x: str(x) if isinstance(x, int) else f"{x:g}"  # 2**32 in full, 0.5 not 0.500000
+    def f(x):
+        return str(x) if isinstance(x, int) else f"{x:g}"  # 2**32 in full, 0.5 not 0.500000
+
     lo_s = "" if lo is None else (f"> {f(lo)}" if lo_open else f">= {f(lo)}")
     hi_s = "" if hi is None else (f"< {f(hi)}" if hi_open else f"<= {f(hi)}")
     if lo is not None and hi is not None:

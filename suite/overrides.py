@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from suite.hydra_compat import hydra_refusal
+
+if TYPE_CHECKING:  # omegaconf is imported where it is used: this module stays light
+    from omegaconf import DictConfig
 
 
 class ConfigError(ValueError):

@@ -85,8 +85,10 @@ _add("choice", [
     ("quant.fp8_granularity=row", "quant.fp8_granularity"), ("backend.name=tpu", "backend.name"),
     ("quant.precision=int4", "quant.precision"),
     # the widths and group sizes the wa16 quantizer serves (suite.core.quant WINT_BITS, WINT_GROUP_SIZES)
-    (["quant=wa16", "quant.weight_bits=5"], "quant.weight_bits"), (["quant=wa16", "quant.weight_bits=1"], "quant.weight_bits"),
-    (["quant=wa16", "quant.group_size=48"], "quant.group_size"), (["quant=wa16", "quant.group_size=512"], "quant.group_size"),
+    (["quant=wa16", "quant.weight_bits=5"], "quant.weight_bits"),
+    (["quant=wa16", "quant.weight_bits=1"], "quant.weight_bits"),
+    (["quant=wa16", "quant.group_size=48"], "quant.group_size"),
+    (["quant=wa16", "quant.group_size=512"], "quant.group_size"),
 ])
 
 _add("unknown key", [

@@ -182,7 +182,7 @@ def test_task_checks_are_the_embedded_backends():
         compose_config(["rollout.max_new_tokens=4096"])
 
 
-# ----------------------------------------------------------------------------- dose axes (issue: phenomena as a dose-response map)
+# ------------------------------------------------------------------ dose axes (issue: phenomena as a dose-response map)
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])

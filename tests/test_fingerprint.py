@@ -37,7 +37,8 @@ def test_two_processes_agree_and_a_changed_value_is_named(tmp_path):
     assert diff.returncode == 1
     assert f"DIFFERENT at step {step}: actor/pg_loss" in diff.stdout
 
-    record["metrics"][step]["actor/pg_loss"] = json.loads((a / f"{CELL}.json").read_text())["metrics"][step]["actor/pg_loss"]
+    record["metrics"][step]["actor/pg_loss"] = \
+        json.loads((a / f"{CELL}.json").read_text())["metrics"][step]["actor/pg_loss"]
     key = sorted(k for k in record["checkpoint"] if k.startswith("/actor/"))[0]
     record["checkpoint"][key] = "changed"
     (b / f"{CELL}.json").write_text(json.dumps(record))

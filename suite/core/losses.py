@@ -386,7 +386,8 @@ def _tbpo_loss(
         "actor/tbpo_pos_clip_seq_frac": _f((pos_clip_tok.any(-1) & valid_seq).to(m).sum() / n_seq),
         "actor/tbpo_seq_ratio_mean": _f(masked_mean(r_seq, valid_seq)),
         "rollout_corr/rollout_is_mean": _f(masked_mean(w[:, None].expand_as(m), m)),
-        "rollout_corr/rollout_is_max": _f(torch.where(valid_seq, w, torch.zeros_like(w)).amax()) if bool(valid_seq.any()) else 0.0,
+        "rollout_corr/rollout_is_max": (_f(torch.where(valid_seq, w, torch.zeros_like(w)).amax())
+                                        if bool(valid_seq.any()) else 0.0),
         "rollout_corr/rollout_is_ratio_fraction_high": _f(((w_raw > seq_cap) & valid_seq).to(m).sum() / n_seq),
     }
     return loss, stats

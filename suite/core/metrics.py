@@ -116,8 +116,10 @@ def mismatch_ratio_metrics(prox_logp: torch.Tensor, behav_logp: torch.Tensor, ma
     log_r = (prox_logp - behav_logp).detach()  # [B, T]
     out = ratio_quantile_metrics(log_r, mask, "rollout_corr/")
     m = mask.to(log_r.dtype)
-    out[f"rollout_corr/ratio_frac_below_{RATIO_FRAC_LOW:g}"] = float(masked_mean((log_r < math.log(RATIO_FRAC_LOW)).to(m), m))
-    out[f"rollout_corr/ratio_frac_above_{RATIO_FRAC_HIGH:g}"] = float(masked_mean((log_r > math.log(RATIO_FRAC_HIGH)).to(m), m))
+    out[f"rollout_corr/ratio_frac_below_{RATIO_FRAC_LOW:g}"] = float(
+        masked_mean((log_r < math.log(RATIO_FRAC_LOW)).to(m), m))
+    out[f"rollout_corr/ratio_frac_above_{RATIO_FRAC_HIGH:g}"] = float(
+        masked_mean((log_r > math.log(RATIO_FRAC_HIGH)).to(m), m))
     return out
 
 

@@ -65,7 +65,8 @@ def outlier_scale(dim: int, k: int, alpha: float, *, dtype: torch.dtype = torch.
     return a
 
 
-def outlier_transform(params: Mapping[str, torch.Tensor], pairs: Pairs, alpha: float, k: int) -> dict[str, torch.Tensor]:
+def outlier_transform(params: Mapping[str, torch.Tensor], pairs: Pairs, alpha: float,
+                      k: int) -> dict[str, torch.Tensor]:
     """``params`` (parameter name -> tensor) with the outlier transform applied; a new dict.
 
     For each (norm, linears) of ``pairs`` (:func:`outlier_pairs`): ``<norm>.weight`` (and a

@@ -155,7 +155,8 @@ def undo_uaq(model: nn.Module, s: float, mapping: MappingSpec) -> list[tuple[str
     return pairs
 
 
-def uaq_param_groups(model: nn.Module, lr: float, s: float, mapping: MappingSpec, weight_decay: float = 0.0) -> list[dict]:
+def uaq_param_groups(model: nn.Module, lr: float, s: float, mapping: MappingSpec,
+                     weight_decay: float = 0.0) -> list[dict]:
     """AdamW parameter groups that make plain training behave as UAQ with scale ``s`` under Adam:
     the fed linear weights at ``lr * s``, the norm gains (and biases) at ``lr / s``, the rest at
     ``lr``; decoupled weight decay ``weight_decay / s`` and ``weight_decay * s`` on the first two.

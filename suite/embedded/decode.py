@@ -114,12 +114,12 @@ class NativeLayers:
     def __init__(self, ext, layers: list[DecodeLayer], int8: bool):
         self.ext, self.int8 = ext, int8
         self.weights = []
-        for l in layers:
-            self.weights += [l.attn_norm.norm.weight, l.attn_norm.n, l.attn_norm.eps, l.mlp_norm.norm.weight,
-                             l.mlp_norm.n, l.mlp_norm.eps]
-            for m in l.modules:
+        for layer in layers:
+            self.weights += [layer.attn_norm.norm.weight, layer.attn_norm.n, layer.attn_norm.eps,
+                             layer.mlp_norm.norm.weight, layer.mlp_norm.n, layer.mlp_norm.eps]
+            for m in layer.modules:
                 self.weights += [m.codes.t(), m.scale] if int8 else [m.weight.t()]  # views: a sync writes through
-        self.int8_mods = [m for l in layers for m in l.modules] if int8 else []
+        self.int8_mods = [m for layer in layers for m in layer.modules] if int8 else []
         first = layers[0]
         self.args = (first.swap, first.n_heads, first.scale, first.scale_exact, first.full_att,
                      first.attn_norm.f32, int8)
@@ -130,12 +130,12 @@ class NativeLayers:
 
         if not layers:
             return None
-        mods = [m for l in layers for m in l.modules]
+        mods = [m for layer in layers for m in layer.modules]
         plain = all(type(m) is nn.Linear and m.bias is None for m in mods)
         int8 = all(isinstance(m, Int8Linear) and m.fused for m in mods)
-        if not (plain or int8) or not all(l.fast_att or l.full_att for l in layers):
+        if not (plain or int8) or not all(layer.fast_att or layer.full_att for layer in layers):
             return None
-        if len({(l.n_heads, l.scale, l.full_att, l.attn_norm.f32) for l in layers}) != 1:
+        if len({(layer.n_heads, layer.scale, layer.full_att, layer.attn_norm.f32) for layer in layers}) != 1:
             return None
         from suite.embedded import cext
 

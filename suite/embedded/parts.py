@@ -50,7 +50,8 @@ def reference(actor: Transformer, model_cfg: ModelConfig) -> Transformer:
     return ref
 
 
-def critic(model_cfg: ModelConfig, state: dict, *, lr: float, betas: Sequence[float]) -> tuple[Critic, torch.optim.AdamW]:
+def critic(model_cfg: ModelConfig, state: dict, *, lr: float,
+           betas: Sequence[float]) -> tuple[Critic, torch.optim.AdamW]:
     """PPO's critic, its trunk from the warm-start state, and its AdamW."""
     c = Critic(model_cfg)
     c.trunk.load_state_dict(state)

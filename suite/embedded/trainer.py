@@ -204,7 +204,8 @@ class EmbeddedRun:
             correct.append(1.0 if self.task.verify(text, ex) else 0.0)
         correct_t = torch.tensor(correct)
         lengths = ro.response_len.long()
-        ended = ro.response_mask.any(-1) & (resp.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1) == self.tokenizer.eos_id)
+        ended = ro.response_mask.any(-1) & (resp.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)
+                                            == self.tokenizer.eos_id)
         scores = correct_t.clone()
         if self.algo.overlong_buffer > 0:
             scores = scores + adv_fns.overlong_penalty(
@@ -444,7 +445,8 @@ class EmbeddedRun:
             before, after = self.transform(before), self.transform(after)
         m.update(model_update_visibility(before, after, self.scheme))
 
-        m["timing_s/train"] = m["timing_s/old_log_prob"] + m.get("timing_s/ref", 0.0) + m["timing_s/adv"] + m["timing_s/update_actor"]
+        m["timing_s/train"] = (m["timing_s/old_log_prob"] + m.get("timing_s/ref", 0.0) + m["timing_s/adv"]
+                               + m["timing_s/update_actor"])
         m["timing_s/step"] = time.perf_counter() - t_step
         # verl: perf/throughput = all tokens (prompt + response) processed per second of step time.
         m["perf/throughput"] = b.attention_mask.sum().item() / m["timing_s/step"]
@@ -491,7 +493,8 @@ class EmbeddedRun:
             self.baseline_acc = self.evaluate()
             sampled = {**self.evaluate_sampled(), **self.evaluate_rollout_copy()}
             logger.log_metrics(
-                {f"val-core/{cfg.task.name}/acc/mean@1": self.baseline_acc, **sampled, "timing_s/testing": time.perf_counter() - t,
+                {f"val-core/{cfg.task.name}/acc/mean@1": self.baseline_acc, **sampled,
+                 "timing_s/testing": time.perf_counter() - t,
                  **{f"warm_start/{k}": float(v) for k, v in self.warm_info.items() if isinstance(v, (int, float))}},
                 step=0,
             )
@@ -518,7 +521,8 @@ class EmbeddedRun:
                                 kl=f"{m.get('rollout_corr/kl', float('nan')):.1e}", refresh=False)
                 if cfg.tracking.console_every and self.step % cfg.tracking.console_every == 0 and not self.progress:
                     print(f"step {self.step}/{cfg.steps} train/acc={m.get('train/acc', float('nan')):.3f} "
-                          f"val={last_acc:.3f} rollout_corr/kl={m.get('rollout_corr/kl', float('nan')):.2e}", flush=True)
+                          f"val={last_acc:.3f} rollout_corr/kl={m.get('rollout_corr/kl', float('nan')):.2e}",
+                          flush=True)
                 if self.step % cfg.ckpt_every == 0 or self.step == cfg.steps or pruned:
                     ckpt.save_checkpoint(self.run_dir, self.step, self._state())
                     logger.flush()  # commit: MLflow receives exactly the checkpointed steps

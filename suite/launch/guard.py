@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from suite.tracking.rundir import is_finished, recorded_mlflow_run_id
+from suite.tracking.rundir import recorded_mlflow_run_id
 
 STOP_TIMEOUT_S = 120.0  # how long a driver waits for the jobs it cancelled to end (seconds)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -55,7 +55,8 @@ def available_profiles() -> list[str]:
 def load_profile(name: str, sweep_path: str | None = None) -> tuple[SlurmProfile, str]:
     """Read and check a cluster profile; errors name the profile file and key."""
     if not name.endswith((".yaml", ".yml")) and not NAME_RE.match(name):
-        raise SweepError(f"launcher.profile={name!r} is not a profile name; available: {', '.join(available_profiles())}")
+        raise SweepError(f"launcher.profile={name!r} is not a profile name; "
+                         f"available: {', '.join(available_profiles())}")
     path = find_profile(name, sweep_path)
     if not path.is_file():
         raise SweepError(

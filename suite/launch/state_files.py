@@ -58,7 +58,8 @@ def read_jobs(path: str | os.PathLike) -> list[dict]:
             if torn and i == len(lines):
                 continue
             raise StateFileError(f"{path}, line {i}: not JSON ({exc.msg}): the sweep state file is damaged; "
-                                 f"fix or delete that line (cells it names are then re-read from their run dirs)") from None
+                                 f"fix or delete that line (cells it names are then re-read from their "
+                                 f"run dirs)") from None
         problem = _record_problem(rec)
         if problem:
             raise StateFileError(f"{path}, line {i}: {problem}: the sweep state file is damaged")

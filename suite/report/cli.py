@@ -128,7 +128,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if uri.startswith("sqlite:///") and not os.path.isfile(uri[len("sqlite:///"):]):
         # opening a sqlite URI creates an empty store: a typo would report "no runs" and leave a file behind
-        print(f"suite report: no MLflow store at {uri} (file {uri[len('sqlite:///'):]} does not exist)", file=sys.stderr)
+        print(f"suite report: no MLflow store at {uri} (file {uri[len('sqlite:///'):]} does not exist)",
+              file=sys.stderr)
         return 2
     from suite.report import data as D
     from suite.report.build import write_report

@@ -150,7 +150,8 @@ def experiment_ids(client, experiment: str | None) -> list[str]:
             exp = None
     if exp is None:
         names = sorted(e.name for e in client.search_experiments(max_results=1000))
-        raise ValueError(f"--experiment {experiment!r}: no such MLflow experiment; known: {', '.join(names) or '(none)'}")
+        raise ValueError(f"--experiment {experiment!r}: no such MLflow experiment; "
+                         f"known: {', '.join(names) or '(none)'}")
     return [exp.experiment_id]
 
 

@@ -80,7 +80,8 @@ def build_notebook(source: dict, table_names: list[str], figure_names: list[str]
     from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
     load_call = (f"load_runs({source.get('tracking_uri')!r}, experiment={source.get('experiment')!r}, "
-                 f"filter_string={source.get('filter') or ''!r}, parent_run_id={source.get('parent_run_id') or None!r})")
+                 f"filter_string={source.get('filter') or ''!r}, "
+                 f"parent_run_id={source.get('parent_run_id') or None!r})")
     cells = [
         new_markdown_cell(
             "# QuRL / QaRL report\n\n"
@@ -103,7 +104,8 @@ def build_notebook(source: dict, table_names: list[str], figure_names: list[str]
             "history = pd.read_csv('data/history.csv')\n"
             f"# runs, history = (lambda d: (d.runs, d.history))(D.{load_call})\n"
             "paper = T.load_paper('paper') if Path('paper').exists() else T.load_paper()\n"
-            f"tables = T.build_tables(runs, paper, n_resamples={source.get('n_resamples')}, seed={source.get('ci_seed')})\n"
+            f"tables = T.build_tables(runs, paper, n_resamples={source.get('n_resamples')}, "
+            f"seed={source.get('ci_seed')})\n"
             "print(len(runs), 'runs:', T.status_counts(runs))"),
     ]
     for name in table_names:
@@ -149,7 +151,8 @@ def execute_and_export(nb, out: Path, timeout_s: int = EXEC_TIMEOUT_S) -> tuple[
     try:
         import ipykernel  # noqa: F401
     except ImportError as e:  # a declared dependency; a broken env gets a clear message
-        raise RuntimeError("executing the report notebook needs ipykernel: pip install -e . (or pip install ipykernel)") from e
+        raise RuntimeError("executing the report notebook needs ipykernel: "
+                           "pip install -e . (or pip install ipykernel)") from e
     env_keep = os.environ.get("MPLBACKEND")
     os.environ["MPLBACKEND"] = "Agg"
     try:

@@ -165,8 +165,8 @@ def reward_vs_step(history: pd.DataFrame):
         ax.set_xlabel("RL step")
         _legend(ax, n) if ax is axes[0][-1] else (ax.legend(frameon=False) if n else None)
     axes[0][0].set_ylabel("mean reward (verifier score, 0–1)")
-    fig.suptitle("Training reward vs step (critic/score/mean): naive vs TIS vs ACR" + _averaged(h, ["precision", *cols_all]),
-                 y=1.02)
+    fig.suptitle("Training reward vs step (critic/score/mean): naive vs TIS vs ACR"
+                 + _averaged(h, ["precision", *cols_all]), y=1.02)
     return fig
 
 
@@ -204,7 +204,8 @@ def clip_is_vs_step(history: pd.DataFrame):
                            ([], []))
     if handles:
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    fig.suptitle("Clipping and importance-sampling weights vs step" + _averaged(h[h["status"] == FINISHED], cols), y=1.0)
+    fig.suptitle("Clipping and importance-sampling weights vs step" + _averaged(h[h["status"] == FINISHED], cols),
+                 y=1.0)
     fig.tight_layout()
     return fig
 
@@ -222,7 +223,8 @@ def visibility_vs_s(runs: pd.DataFrame):
     note = ""
     if len(r.drop_duplicates(group_cols)) > MAX_LINES:
         group_cols = ["precision"]
-        note = _averaged(r.assign(uaq_s=1.0, lr=1.0), ["precision", "method"]).replace("\n(lines: mean over ", "\n(mean over method, ")
+        note = (_averaged(r.assign(uaq_s=1.0, lr=1.0), ["precision", "method"])
+                .replace("\n(lines: mean over ", "\n(mean over method, "))
     for key, g in r.groupby(group_cols, sort=True):
         key = key if isinstance(key, tuple) else (key,)
         s = g.groupby("uaq_s")["visibility"].agg(["mean", "min", "max"]).sort_index() * 100

@@ -44,7 +44,8 @@ def t_interval(values, level: float = LEVEL) -> tuple[float, float]:
     return (m - half, m + half)
 
 
-def bootstrap_ci(values, n_resamples: int = N_RESAMPLES, seed: int = CI_SEED, level: float = LEVEL) -> tuple[float, float]:
+def bootstrap_ci(values, n_resamples: int = N_RESAMPLES, seed: int = CI_SEED,
+                 level: float = LEVEL) -> tuple[float, float]:
     """Percentile bootstrap confidence interval of the mean of `values`: `scipy.stats.bootstrap`
     (method "percentile", `n_resamples` resamples of len(values) with replacement, numpy
     Generator(PCG64) seeded with `seed`): the (1-level)/2 and (1+level)/2 percentiles of the

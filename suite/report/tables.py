@@ -89,7 +89,8 @@ def main_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = C
     have = {(tuple(row[k] for k in GROUP), _ident(row)) for _, row in at_ref.iterrows()}
     qarl = bool(((r["precision"] == "w4a16") | (r["correction"] == "tbpo")).any())
     settings = sorted({tuple(x) for x in r[list(GROUP)].itertuples(index=False) if all(x)})
-    extra = [_placeholder(s, g) for s in settings for g in MAIN_GRID + (QARL_ROWS if qarl else ()) if (s, g) not in have]
+    extra = [_placeholder(s, g) for s in settings for g in MAIN_GRID + (QARL_ROWS if qarl else ())
+             if (s, g) not in have]
     if extra:
         df = pd.concat([df, pd.DataFrame(extra, columns=df.columns)], ignore_index=True)
     return sort_rows(df.rename(columns=ACC_COLUMNS))
@@ -137,7 +138,8 @@ def _workload(run) -> str:
     and training-method sections (quant., correction., uaq.), and the bf16 kernel path; or, for a
     run without params, its setting, backend, steps, lr and trainer dtype."""
     if run["config"]:
-        cfg = {k: v for k, v in json.loads(run["config"]).items() if not k.startswith(("quant.", "correction.", "uaq."))}
+        cfg = {k: v for k, v in json.loads(run["config"]).items()
+               if not k.startswith(("quant.", "correction.", "uaq."))}
         blob = [cfg, run["bf16_kernels"]]
     else:
         cols = (*GROUP, "backend", "steps", "lr", "trainer_dtype", "bf16_kernels")

@@ -108,7 +108,8 @@ def apply_value_overrides(cfg: DictConfig, parsed: list) -> bool:
         key, value = o.key_or_group, o.value()
         try:
             if o.is_add():
-                if OmegaConf.select(cfg, key, throw_on_missing=False) is not None and not isinstance(value, (dict, list)):
+                if (OmegaConf.select(cfg, key, throw_on_missing=False) is not None
+                        and not isinstance(value, (dict, list))):
                     return False
                 OmegaConf.update(cfg, key, value, merge=True, force_add=True)
             elif o.is_force_add():

@@ -127,8 +127,8 @@ def launch(sweep: Sweep, *, retry_failed: bool = False, wait: bool | None = None
     except RunLockedError as exc:
         raise SweepError(f"{sweep.path}: another `suite sweep` drives this sweep: {exc}") from None
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the guard stopped the jobs and ended their runs
-        print(f"\ninterrupted: run `suite sweep {sweep.path}` again to finish what is missing", file=stream or sys.stdout,
-              flush=True)
+        print(f"\ninterrupted: run `suite sweep {sweep.path}` again to finish what is missing",
+              file=stream or sys.stdout, flush=True)
         return 130
 
 
@@ -150,7 +150,8 @@ def _launch(sweep: Sweep, *, retry_failed: bool, wait: bool | None, stream) -> i
     n = len(states)
     print(f"sweep {sweep.name}: {n} cells; {len(by_state['done'])} done, "
           f"{len(by_state['running']) + len(by_state['pending'])} running or queued, "
-          f"{len(by_state['failed'])} failed{'' if retry_failed or not by_state['failed'] else ' (re-submit with --retry-failed)'}; "
+          f"{len(by_state['failed'])} failed"
+          f"{'' if retry_failed or not by_state['failed'] else ' (re-submit with --retry-failed)'}; "
           f"submitting {len(todo)} ({sweep.launcher.name}, state {sweep.state_dir})", file=stream, flush=True)
     for s in by_state["failed"]:
         print(f"  failed cell {s.cell.index}: {s.error}", file=stream)

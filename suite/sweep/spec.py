@@ -299,7 +299,8 @@ def _expand(path: str, matrix: Any, include: Any, exclude: Any,
         for k, v in rule.items():
             check_key(where, k)
             if k not in keys:
-                raise SweepError(f"{where}: key {k!r} is not a matrix or include axis; axes: {', '.join(keys) or '(none)'}")
+                raise SweepError(f"{where}: key {k!r} is not a matrix or include axis; "
+                                 f"axes: {', '.join(keys) or '(none)'}")
             rvals[k] = axis_values(where, k, v)
         before = len(cells)
         cells = [c for c in cells if not all(k in c and c[k] in vs for k, vs in rvals.items())]
@@ -350,7 +351,8 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
         launcher_data = {**(launcher_data or {}), **{k: _yaml_scalar(v) for k, v in cli_launcher.items()}}
     launcher = typed(f"{path}: launcher", LauncherConfig, launcher_data)
     if launcher.name not in LAUNCHERS:
-        raise SweepError(f"{path}: launcher.name={launcher.name!r} is not a launcher; choose one of: {', '.join(LAUNCHERS)}")
+        raise SweepError(f"{path}: launcher.name={launcher.name!r} is not a launcher; "
+                         f"choose one of: {', '.join(LAUNCHERS)}")
     check_positive(f"{path}: launcher", launcher, ("max_parallel", "poll_s", "progress_s", "max_cells"))
     if launcher.poll_s > MAX_POLL_S:  # time.sleep overflows past ~1e9 s: the driver would die mid-sweep
         raise SweepError(f"{path}: launcher.poll_s={launcher.poll_s!r} must be <= {MAX_POLL_S:g} (one day)")
@@ -466,13 +468,15 @@ def _recorded_sweep(name: str, text: str, overrides: list[str], first_overrides:
     sweep.cells = cells
     if rec.get("launch_hash") != launch_hash(text, overrides):
         try:
-            when = time.strftime(" (%Y-%m-%d %H:%M)", time.localtime(os.path.getmtime(os.path.join(state_dir, "matrix.json"))))
+            when = time.strftime(" (%Y-%m-%d %H:%M)",
+                                 time.localtime(os.path.getmtime(os.path.join(state_dir, "matrix.json"))))
         except OSError:
             when = ""
         launched = " ".join(rec.get("cli_overrides") or []) or "none"
         sweep.launch_note = (f"the sweep file or its overrides changed since the last launch{when}; showing the "
                              f"{len(cells)} cells that launch recorded (its overrides: {launched}; the file it "
-                             f"read: {os.path.join(state_dir, 'sweep.yaml')}). `suite sweep` launches the file as it is now")
+                             f"read: {os.path.join(state_dir, 'sweep.yaml')}). "
+                             f"`suite sweep` launches the file as it is now")
     return sweep
 
 

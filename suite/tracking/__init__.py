@@ -30,9 +30,11 @@ from suite.tracking.loggers import (
 _CHECKPOINT = ("checkpoint_path", "generator_state", "list_checkpoints", "load_latest_checkpoint", "rng_state",
                "save_checkpoint", "set_generator_state", "set_rng_state")
 
-__all__ = sorted(["ConsoleLogger", "CorruptMetricsError", "JsonlLogger", "MetricLogger", "MlflowLogger", "MultiLogger",
-                  "SyncResult", "flatten_params", "read_jsonl", "resolve_tracking_uri", "resync", "resync_cli",
-                  "truncate_jsonl", *_CHECKPOINT])
+# a literal list (the loggers' names and _CHECKPOINT's, sorted), so linters see the re-exports
+__all__ = ["ConsoleLogger", "CorruptMetricsError", "JsonlLogger", "MetricLogger", "MlflowLogger", "MultiLogger",
+           "SyncResult", "checkpoint_path", "flatten_params", "generator_state", "list_checkpoints",
+           "load_latest_checkpoint", "read_jsonl", "resolve_tracking_uri", "resync", "resync_cli", "rng_state",
+           "save_checkpoint", "set_generator_state", "set_rng_state", "truncate_jsonl"]
 
 
 def __getattr__(name: str):

@@ -106,7 +106,8 @@ def run_dir_problem(run_dir: Path) -> str | None:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return f"{path}: not valid JSON ({exc}); restore it or delete it (then `suite sync` starts a new MLflow run)"
+            return (f"{path}: not valid JSON ({exc}); restore it or delete it "
+                    "(then `suite sync` starts a new MLflow run)")
         if not isinstance(data, kind):
             return f"{path}: must be a JSON {'object' if kind is dict else 'list'}, got {type(data).__name__}"
     info = read_json(run_dir / RUN_FILE) if (run_dir / RUN_FILE).is_file() else None

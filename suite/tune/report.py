@@ -133,6 +133,7 @@ def make_report(spec: TuneSpec, report_dir: str | None = None, *, out=None) -> d
             + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best["params"].items()))
     if importances:
         out("importances: " + ", ".join(f"{k} {v:.3f}" for k, v in importances.items()))
-    out(f"report: {rdir} ({', '.join(files)})" + (f"; logged to MLflow run {parent} under tune_report/" if parent else ""))
+    out(f"report: {rdir} ({', '.join(files)})"
+        + (f"; logged to MLflow run {parent} under tune_report/" if parent else ""))
     return {"best": best, "importances": importances, "files": files, "report_dir": str(rdir)}
 

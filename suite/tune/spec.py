@@ -175,7 +175,8 @@ def check_spec(spec: TuneSpec) -> None:
     if "://" not in spec.storage:
         _fail("storage", f"must be an SQLAlchemy URL such as sqlite:///runs/tune/optuna.db, got {spec.storage!r}")
     if not spec.space:
-        _fail("space", "is empty: name at least one config key to search, e.g. uaq.s: {type: float, low: 1.0, high: 2.0}")
+        _fail("space", "is empty: name at least one config key to search, "
+                       "e.g. uaq.s: {type: float, low: 1.0, high: 2.0}")
     for name, p in spec.space.items():
         check_param(name, p)
     _choice("objective.direction", spec.objective.direction, DIRECTIONS)

@@ -117,7 +117,8 @@ def open_study(spec: TuneSpec, storage_url: str, *, create: bool = True):
         try:
             study = optuna.load_study(**kwargs)
         except KeyError as exc:
-            raise TuneSpecError(f"study: no study {spec.study!r} in {storage_url}; run `suite tune FILE` first") from exc
+            raise TuneSpecError(f"study: no study {spec.study!r} in {storage_url}; "
+                                "run `suite tune FILE` first") from exc
     if study.direction.name.lower() != spec.objective.direction:
         raise TuneSpecError(
             f"objective.direction: study {spec.study!r} was created to {study.direction.name.lower()}; "

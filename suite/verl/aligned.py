@@ -125,7 +125,8 @@ def _aligned_engine(base: type, scheme: QuantScheme) -> type:
             module = super()._build_module()
             if not self.engine_config.forward_only:
                 names = apply_aligned_forward(module, self.suite_aligned_scheme)
-                log.info("suite aligned forward (%s): %d block linears fake-quantized", self.suite_aligned_scheme, len(names))
+                log.info("suite aligned forward (%s): %d block linears fake-quantized", self.suite_aligned_scheme,
+                         len(names))
             return module
 
     Aligned.__name__ = Aligned.__qualname__ = f"SuiteAligned{base.__name__}"

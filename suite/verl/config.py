@@ -97,7 +97,8 @@ def validate_verl(cfg: DictConfig) -> None:
         cfg.task.eval_samples == 0,
         "task.eval_samples",
         "is embedded only: verl validates with one sampling setting (its mean@n replaces the greedy mean@1); "
-        "set actor_rollout_ref.rollout.val_kwargs.n / do_sample / temperature in backend.extra_overrides instead. allowed: 0",
+        "set actor_rollout_ref.rollout.val_kwargs.n / do_sample / temperature in backend.extra_overrides instead. "
+        "allowed: 0",
     )
     if cfg.correction.aligned_forward:
         strategies = override_values(b, "actor_rollout_ref.actor.strategy")
@@ -105,14 +106,16 @@ def validate_verl(cfg: DictConfig) -> None:
             all(x in VERL_ALIGNED_STRATEGIES for x in strategies),
             "backend.extra_overrides",
             f"sets actor_rollout_ref.actor.strategy={strategies[-1] if strategies else ''}; the QaRL aligned forward "
-            f"(correction.aligned_forward=true) is plugged into verl's FSDP engines only: {', '.join(VERL_ALIGNED_STRATEGIES)}",
+            f"(correction.aligned_forward=true) is plugged into verl's FSDP engines only: "
+            f"{', '.join(VERL_ALIGNED_STRATEGIES)}",
         )
         lora = override_values(b, "actor_rollout_ref.model.lora_rank")
         check(
             all(x.strip() in ("0", "null") for x in lora),
             "backend.extra_overrides",
-            f"sets actor_rollout_ref.model.lora_rank={lora[-1] if lora else ''}; the QaRL aligned forward quantizes the "
-            "base weights while the rollout quantizes base + LoRA merged: allowed with correction.aligned_forward=true: 0",
+            f"sets actor_rollout_ref.model.lora_rank={lora[-1] if lora else ''}; the QaRL aligned forward "
+            "quantizes the base weights while the rollout quantizes base + LoRA merged: allowed with "
+            "correction.aligned_forward=true: 0",
         )
     for key in ("model_path", "train_files", "val_files"):
         check(bool(b[key]), f"backend.{key}", "required with backend=verl (a local path on the compute nodes)")

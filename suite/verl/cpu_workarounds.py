@@ -10,7 +10,8 @@ every Ray worker for ``backend.device=cpu``); GPU runs never import it. Nothing 
 is patched or copied: the platform is a plugin verl's registry is meant to take.
 
 Besides the platform, one wrapper: ``torch.distributed.init_process_group`` drops a repeated
-device from its backend string (:func:`dedupe_backend`). What the platform answers: device ``cpu``, one device, gloo for process groups, no IPC handles
+device from its backend string (:func:`dedupe_backend`). What the platform answers: device ``cpu``,
+one device, gloo for process groups, no IPC handles
 (verl then sends weights through shared memory, ``use_shm``), ``torch.cpu`` for synchronize, and
 stand-ins for the CUDA memory statistics verl logs (zeros: a CPU has no separate device memory).
 """

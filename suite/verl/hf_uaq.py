@@ -143,7 +143,8 @@ def transform(in_dir: str | os.PathLike, out_dir: str | os.PathLike, s: float, *
     tree = _module_tree(tensors)
     pairs = (undo_uaq if undo else apply_uaq)(tree, s, mapping)  # validates before changing anything
     n_scaled = sum(1 + len(lins) for _, lins in pairs)
-    log(f"uaq {'undo' if undo else 'apply'} s={s:g} ({arch}, mapping {mapping}): {len(pairs)} norms, {n_scaled} tensors rescaled")
+    log(f"uaq {'undo' if undo else 'apply'} s={s:g} ({arch}, mapping {mapping}): {len(pairs)} norms, "
+        f"{n_scaled} tensors rescaled")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -157,7 +158,8 @@ def transform(in_dir: str | os.PathLike, out_dir: str | os.PathLike, s: float, *
             save_file(part, str(tmp / shard.name), metadata=metadata[shard])
         report = {"op": "undo" if undo else "apply", "s": float(s), "architecture": arch, "mapping": mapping,
                   "source": str(in_dir.resolve()), "tensors_rescaled": n_scaled,
-                  "source_sha256": shards_digest(shards), "shards_sha256": shards_digest(sorted(tmp.glob("*.safetensors")))}
+                  "source_sha256": shards_digest(shards),
+                  "shards_sha256": shards_digest(sorted(tmp.glob("*.safetensors")))}
         if undo:
             if prior.get("shards_sha256") not in (None, report["source_sha256"]):
                 log(f"uaq undo: the shards changed since apply wrote them (e.g. trained); undoing s={s:g}")

@@ -192,7 +192,8 @@ def fold_into_live(layer: torch.nn.Module, live: dict[str, torch.nn.Parameter]) 
         new = getattr(layer, p, None)
         if new is None or new.shape != old.shape:
             raise RuntimeError(f"INT8 weight sync: {p} changed layout ({None if new is None else tuple(new.shape)} "
-                               f"vs live {tuple(old.shape)}); this vLLM version is not supported by suite.verl.int8_hook")
+                               f"vs live {tuple(old.shape)}); this vLLM version is not supported by "
+                               "suite.verl.int8_hook")
         old.data.copy_(new.data)
         delattr(layer, p)
         layer.register_parameter(p, old)

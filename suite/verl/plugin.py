@@ -63,7 +63,8 @@ def _env_params(mode: str) -> dict[str, float]:
     if raw is None:
         raise RuntimeError(
             f"suite loss mode {mode!r} needs the environment variable {LOSS_PARAMS_ENV} (set by suite.verl.translate "
-            f"through +ray_kwargs.ray_init.runtime_env.env_vars.{LOSS_PARAMS_ENV}); run verl through `suite run backend=verl`"
+            f"through +ray_kwargs.ray_init.runtime_env.env_vars.{LOSS_PARAMS_ENV}); "
+            "run verl through `suite run backend=verl`"
         )
     values = json.loads(raw)
     missing = [k for k in wanted if k not in values]
@@ -72,7 +73,8 @@ def _env_params(mode: str) -> dict[str, float]:
     return {k: float(values[k]) for k in wanted}
 
 
-def behav_from_is_weights(old_log_prob: torch.Tensor, rollout_is_weights: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+def behav_from_is_weights(old_log_prob: torch.Tensor, rollout_is_weights: torch.Tensor | None,
+                          mask: torch.Tensor) -> torch.Tensor:
     """log pi_behav recovered from verl's untruncated token IS weights (see module docstring)."""
     if rollout_is_weights is None:
         raise RuntimeError(
@@ -102,7 +104,8 @@ def _global_scale(mask: torch.Tensor, agg: str, config) -> float:
     return float(local) / float(total) * dp
 
 
-def _suite_loss(mode: str, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
+def _suite_loss(mode: str, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                rollout_is_weights):
     if config is None:
         raise ValueError("verl passed no actor config to the suite policy loss")
     behav = behav_from_is_weights(old_log_prob, rollout_is_weights, response_mask)

@@ -36,7 +36,8 @@ W8A8_QUANT_CONFIG = {
         "group_0": {
             "targets": ["Linear"],
             "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
-            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
+            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                                  "dynamic": True},
         }
     },
 }
@@ -82,7 +83,8 @@ VERL_ROLLOUTS: dict[str, VerlRollout] = {
         on_vllm_cpu=lambda features: features.int8_dot_exact,
         vllm_cpu_needs="a VNNI dot product (AVX512-VNNI or AVX-VNNI) or AMX: without one, oneDNN's int8 GEMM adds "
                        "u8 x s8 product pairs in saturating int16, which is not W8A8 arithmetic (measured log-prob "
-                       "error 8.1e-2, 6x the quantization effect itself; docs/verl.md, \"vLLM's CPU INT8 without VNNI\")",
+                       "error 8.1e-2, 6x the quantization effect itself; docs/verl.md, "
+                       "\"vLLM's CPU INT8 without VNNI\")",
     ),
     "w4a16": VerlRollout(
         _EXTENSION, "fake_quant", lambda g, sym: QuantScheme(precision="w4a16", group_size=int(g), symmetric=sym),

@@ -223,7 +223,8 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
                 f"+reward.reward_kwargs.max_resp_len={r.max_new_tokens}",
             ]
     if b.reward_fn_path:
-        o += [f"reward.custom_reward_function.path={_q(b.reward_fn_path)}", "reward.custom_reward_function.name=compute_score"]
+        o += [f"reward.custom_reward_function.path={_q(b.reward_fn_path)}",
+              "reward.custom_reward_function.name=compute_score"]
     # loss parameters verl has no field for, and the rollout quantizer: env of every Ray worker
     for k, v in loss_env(cfg).items():
         o.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_q(v)}")
@@ -239,7 +240,8 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         "trainer.logger=[console,mlflow]",
         f"trainer.project_name={_q(experiment)}",
         f"trainer.experiment_name={_q(run_name)}",
-        f"trainer.default_local_dir={_q(os.path.join(os.path.abspath(run_dir or default_run_dir(cfg)), 'checkpoints'))}",
+        f"trainer.default_local_dir="
+        f"{_q(os.path.join(os.path.abspath(run_dir or default_run_dir(cfg)), 'checkpoints'))}",
     ]
     if b.device == "cpu":  # vLLM's CPU build (suite.verl.cpu_workarounds)
         o += list(VERL_CPU_OVERRIDES)

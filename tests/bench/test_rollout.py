@@ -68,7 +68,8 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
     assert saved["machine"]["cpu_flags"] == cpu_features().label()
     # one MLflow run in the real sqlite store, tagged, with the table as artifacts
     with sqlite3.connect(db) as con:
-        runs = con.execute("select r.run_uuid, r.status, r.artifact_uri from runs r join tags t on t.run_uuid = r.run_uuid "
+        runs = con.execute("select r.run_uuid, r.status, r.artifact_uri from runs r "
+                           "join tags t on t.run_uuid = r.run_uuid "
                            "where t.key = 'bench' and t.value = 'rollout'").fetchall()
         assert len(runs) == 1 and runs[0][1] == "FINISHED"
         n_metrics = con.execute("select count(*) from latest_metrics where run_uuid = ?", (runs[0][0],)).fetchone()[0]
@@ -78,7 +79,8 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--precisions", "fp32,int9"], "--precisions='int9' is not allowed; choose from: fp32, bf16, int8, fp8, w4a16, wa16"),
+    (["--precisions", "fp32,int9"],
+     "--precisions='int9' is not allowed; choose from: fp32, bf16, int8, fp8, w4a16, wa16"),
     (["--models", "huge"], "--models='huge' is not allowed; choose from: tiny, small, base, large, wide"),
     (["--new-tokens", "300"], "max_seq_len 256 of model small"),
     (["--kernels", "fast"], "--kernels='fast' is not allowed; choose from: auto, native, emulated"),

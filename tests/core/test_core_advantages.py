@@ -76,7 +76,8 @@ def test_grpo_string_ids_and_singletons() -> None:
     scores = t([2.0, 1.0, 3.0])
     adv = grpo_advantages(scores, ["p1", "p0", "p1"], torch.ones(3, 1))
     # "p0" alone: mean 0, std 1 (verl) -> raw score / (1 + eps)
-    torch.testing.assert_close(adv[:, 0], t([-0.5 / (math.sqrt(0.5) + 1e-6), 1.0 / (1 + 1e-6), 0.5 / (math.sqrt(0.5) + 1e-6)]))
+    torch.testing.assert_close(adv[:, 0],
+                               t([-0.5 / (math.sqrt(0.5) + 1e-6), 1.0 / (1 + 1e-6), 0.5 / (math.sqrt(0.5) + 1e-6)]))
 
 
 def test_dapo_group_filter_hand() -> None:

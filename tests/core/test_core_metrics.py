@@ -219,7 +219,8 @@ def test_visibility_zero_row_has_no_step() -> None:
 
 def test_model_visibility_is_entry_weighted() -> None:
     g = torch.Generator().manual_seed(0)
-    before = {"a": torch.randn(4, 8, generator=g), "b": torch.randn(2, 16, generator=g) * 3, "c": torch.randn(1, 8, generator=g)}
+    before = {"a": torch.randn(4, 8, generator=g), "b": torch.randn(2, 16, generator=g) * 3,
+              "c": torch.randn(1, 8, generator=g)}
     after = {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in before.items()}
     s = QuantScheme("int8")
     per = {k: update_visibility(before[k], after[k], s) for k in before}

@@ -35,7 +35,8 @@ class Attn(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
-        q, k, v = (w(x).view(B, T, self.h, D // self.h).transpose(1, 2) for w in (self.wq, self.wk, self.wv))  # [B, H, T, Dh]
+        q, k, v = (w(x).view(B, T, self.h, D // self.h).transpose(1, 2)
+                   for w in (self.wq, self.wk, self.wv))  # [B, H, T, Dh]
         y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, Dh]
         return self.wo(y.transpose(1, 2).reshape(B, T, D))  # [B, T, D]
 

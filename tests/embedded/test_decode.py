@@ -37,7 +37,8 @@ def _model(d_model: int = 128) -> Transformer:
                          + [("fp32", 96, "auto"), ("bf16", 128, "emulated"), ("w4a16", 128, "emulated")])
 def test_decode_step_equals_the_general_forward(precision, d_model, kernels, loop):
     """The engine's one-token decode path (suite.embedded.decode.Decoder, which
-    RolloutEngine.generate runs) gives the bits of ``model.hidden`` + ``lm_head`` with a KV cache, and leaves the same cache behind: with
+    RolloutEngine.generate runs) gives the bits of ``model.hidden`` + ``lm_head`` with a KV cache, and
+    leaves the same cache behind: with
     left-padded prompts, rows turning into padding mid-way, and (d_model 96: head_dim 48) a
     1 / sqrt(head_dim) that is not a power of two. The caches have spare slots beyond the last
     token (native 16-bit attention reads all of them; they must add nothing). Both layer

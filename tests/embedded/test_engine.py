@@ -345,7 +345,7 @@ def test_every_registered_precision_has_an_engine_linear():
     assert list(ENGINE_LINEARS) == list(QUANTIZERS)
 
 
-# ----------------------------------------------------------------------------- dose axes: wa16 widths, lm_head, outliers
+# ---------------------------------------------------------------------------- dose axes: wa16 widths, lm_head, outliers
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])

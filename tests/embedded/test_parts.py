@@ -29,7 +29,8 @@ def test_policy_is_seeded_and_uaq_rescales_without_changing_the_function():
     tokens = torch.randint(0, mc.vocab_size, (2, 12))
     mask = torch.ones_like(tokens)
     with torch.no_grad():
-        torch.testing.assert_close(scaled(tokens, attention_mask=mask), plain(tokens, attention_mask=mask), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(scaled(tokens, attention_mask=mask), plain(tokens, attention_mask=mask),
+                                   rtol=1e-4, atol=1e-4)
 
 
 def test_optimizer_control_groups_and_critic_trunk():
@@ -52,7 +53,8 @@ def test_optimizer_control_groups_and_critic_trunk():
 def test_engines_and_generators():
     mc = _model_cfg()
     actor, _ = parts.policy(mc, Transformer(mc).state_dict(), seed=0, uaq_s=1.0)
-    rollout, evaluator = parts.engines(actor, QuantScheme(precision="int8"), kernels="emulated", bf16_kernels="emulated")
+    rollout, evaluator = parts.engines(actor, QuantScheme(precision="int8"), kernels="emulated",
+                                       bf16_kernels="emulated")
     assert rollout.scheme.precision == "int8" and evaluator.scheme.precision == "fp32"
     a, b = parts.generators(3)
     a2, _ = parts.generators(3)

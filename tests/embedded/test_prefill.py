@@ -35,8 +35,8 @@ def _same_cache(a: KVCache, b: KVCache) -> None:
 
 
 @pytest.mark.parametrize("precision,d_model,kernels",
-                         [(p, 128, "auto") for p in PRECISIONS] + [("bf16", 128, "emulated"), ("w4a16", 128, "emulated"),
-                                                                  ("fp32", 96, "auto")])
+                         [(p, 128, "auto") for p in PRECISIONS]
+                         + [("bf16", 128, "emulated"), ("w4a16", 128, "emulated"), ("fp32", 96, "auto")])
 def test_prefill_equals_the_general_forward(precision, d_model, kernels):
     """Left-padded prompts (one of a single token), then a second left-padded chunk appended
     to the filled cache; d_model 96 (head_dim 48) has a 1 / sqrt(head_dim) that is not a

@@ -34,7 +34,8 @@ def test_an_unknown_regime_names_the_options():
 
 def _median_k3(cfg):
     run_dir, _ = run_cfg(cfg)
-    return statistics.median(e["metrics"]["rollout_corr/k3_kl"] for e in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    return statistics.median(e["metrics"]["rollout_corr/k3_kl"]
+                             for e in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
                              if "rollout_corr/k3_kl" in e["metrics"])
 
 

@@ -181,7 +181,8 @@ def test_other_algorithms_and_corrections_run(tmp_path, algo, correction):
 
 def _trajectory(entries):
     """Each step's metrics that the training computes (no timings, throughput or warm-start cache facts)."""
-    return [(e["step"], {k: v for k, v in e["metrics"].items() if not k.startswith(("timing_s/", "perf/", "warm_start/"))})
+    return [(e["step"], {k: v for k, v in e["metrics"].items()
+                         if not k.startswith(("timing_s/", "perf/", "warm_start/"))})
             for e in entries]
 
 
@@ -353,7 +354,6 @@ def test_tracking_outage_loses_nothing_and_resyncs(tmp_path, mlflow_server_uri):
     mlflow_server = mlflow_server_uri
     dead = "http://127.0.0.1:9"  # discard port: nothing listens
     over = _cli_overrides(tmp_path, "steps=4", uri=dead)
-    start = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "suite.cli", "run", *over], capture_output=True, text=True,
                          env={**os.environ, "MLFLOW_TRACKING_URI": dead})
     assert out.returncode == 0, out.stdout + out.stderr
@@ -435,7 +435,8 @@ def test_int8_and_fp8_rollouts_drift_further_from_the_trainer_than_bf16(tmp_path
         generator=torch.Generator().manual_seed(0))
     P = ro.response_start
     with torch.no_grad():
-        ref = torch.log_softmax(run.actor(ro.tokens, attention_mask=ro.attention_mask).float(), -1)[:, P - 1:-1]  # [B, R, V]
+        ref = torch.log_softmax(run.actor(ro.tokens, attention_mask=ro.attention_mask).float(),
+                                -1)[:, P - 1:-1]  # [B, R, V]
     m = ro.attention_mask[:, P:].float()  # [B, R]: positions that predict a valid response token
     exact = {}
     for p in ("bf16", "int8", "fp8"):

@@ -56,7 +56,8 @@ def _tied_runs():
     """INT8 ACR at s = 1.0 and s = 1.5 with two seeds each, TIS at s = 1.0 and 1.5, BF16 naive and ACR."""
     rows = []
     for s, acc in ((1.0, 0.30), (1.5, 0.60)):
-        rows += [{"precision": "int8", "correction": "acr", "uaq_s": s, "seed": k, "acc": acc + k / 100} for k in (0, 1)]
+        rows += [{"precision": "int8", "correction": "acr", "uaq_s": s, "seed": k, "acc": acc + k / 100}
+                 for k in (0, 1)]
         rows += [{"precision": "int8", "correction": "tis", "uaq_s": s, "seed": k, "acc": acc + 0.05} for k in (0, 1)]
     rows += [{"precision": "bf16", "correction": "naive", "uaq_s": 1.0, "seed": k, "acc": 0.70} for k in (0, 1)]
     rows += [{"precision": "bf16", "correction": "acr", "uaq_s": 1.5, "seed": k, "acc": 0.90} for k in (0, 1)]

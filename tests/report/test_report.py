@@ -106,7 +106,8 @@ def test_history_matches_jsonl(loaded, cell_runs, sweep_store):
         mine = h[h["mlflow_run_id"] == rid].set_index("step")
         assert sorted(mine.index) == sorted(e["step"] for e in entries) == list(range(STEPS + 1))
         for e in entries:
-            for key in ("rollout_corr/kl", "critic/score/mean", "quant/update_code_changed_frac", "perf/gen_tokens_per_s"):
+            for key in ("rollout_corr/kl", "critic/score/mean", "quant/update_code_changed_frac",
+                        "perf/gen_tokens_per_s"):
                 if key in e["metrics"]:
                     assert mine.loc[e["step"], key] == pytest.approx(e["metrics"][key], rel=1e-12)
                     checked += 1
@@ -144,7 +145,8 @@ def test_main_table_against_runs(loaded, cell_runs, sweep_store):
     for idx, (c, summary, _) in cell_runs.items():
         a = c.config_axes
         method = D.method_label(a["correction"], a["aligned_forward"] == "true")
-        groups.setdefault((a["precision"], method, float(a["uaq_s"])), []).append((sweep_store.outcome[idx], summary, a))
+        groups.setdefault((a["precision"], method, float(a["uaq_s"])), []).append(
+            (sweep_store.outcome[idx], summary, a))
     for (prec, method, s), members in groups.items():
         row = main[(main["precision"] == prec) & (main["method"] == method) & (main["uaq_s"] == s)]
         assert len(row) == 1, (prec, method, s)
@@ -207,7 +209,8 @@ def test_uaq_and_throughput_against_jsonl(loaded, cell_runs, sweep_store):
         row = row.iloc[0]
         assert row["n"] == len(per[cfg])
         assert row["gen_tokens_per_s"] == pytest.approx(cfg_mean("perf/gen_tokens_per_s", cfg), rel=1e-9)
-        assert row["speedup"] == pytest.approx(row["gen_tokens_per_s"] / bf16, rel=1e-9) and row["speedup_ref"] == "bf16"
+        assert (row["speedup"] == pytest.approx(row["gen_tokens_per_s"] / bf16, rel=1e-9)
+                and row["speedup_ref"] == "bf16")
         assert row["sync_s"] == pytest.approx(cfg_mean("timing_s/update_weights", cfg), rel=1e-9)
         assert row["not_averaged"] == ("1 RUNNING" if cfg[1] == "tis" else "")
     fp8 = thr[thr["precision"] == "fp8"].iloc[0]
@@ -230,7 +233,8 @@ def test_cli_report_on_the_sweep(sweep_store, tmp_path):
                  "paper_vs_throughput", "paper_vs_kl", "runs_not_averaged"):
         for ext in ("csv", "md", "tex"):
             assert (out / "tables" / f"{name}.{ext}").stat().st_size > 0, (name, ext)
-    for name in ("kl_vs_step", "reward_vs_step", "clip_is_vs_step", "visibility_vs_s", "throughput", "accuracy_vs_step"):
+    for name in ("kl_vs_step", "reward_vs_step", "clip_is_vs_step", "visibility_vs_s", "throughput",
+                 "accuracy_vs_step"):
         png = out / "figures" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000, name
         svg = (out / "figures" / f"{name}.svg").read_text()
@@ -273,10 +277,12 @@ def test_cli_report_on_the_sweep(sweep_store, tmp_path):
 def test_cli_bad_input_names_the_option(sweep_store, tmp_path):
     env = {**os.environ}
     env.pop("MLFLOW_TRACKING_URI", None)
-    base = [sys.executable, "-m", "suite.cli", "report", "--tracking-uri", sweep_store.tracking_uri, "--out", str(tmp_path)]
+    base = [sys.executable, "-m", "suite.cli", "report", "--tracking-uri", sweep_store.tracking_uri,
+            "--out", str(tmp_path)]
     p = subprocess.run(base + ["--experiment", "no-such-exp"], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 2 and "--experiment 'no-such-exp'" in p.stderr and "report-test" in p.stderr, p.stderr
-    p = subprocess.run(base + ["--runs", "tags.precision === 'x'"], capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run(base + ["--runs", "tags.precision === 'x'"], capture_output=True, text=True, env=env,
+                       timeout=300)
     assert p.returncode == 2 and "--runs" in p.stderr, p.stderr
     p = subprocess.run(base + ["--experiment", "report-test", "--resamples", "100"], capture_output=True, text=True,
                        env=env, timeout=300)

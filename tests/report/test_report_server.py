@@ -17,8 +17,9 @@ def test_load_runs_over_http_matches_logged_values(mlflow_server_uri):
     logged = {}
     parent = client.create_run(exp, run_name="sweep-http", tags={"suite.kind": "sweep", "sweep": "http"}).info.run_id
     for i, (prec, status) in enumerate([("bf16", "FINISHED"), ("int8", "FINISHED"), ("int8", "FAILED")]):
-        tags = {"precision": prec, "correction": "acr", "uaq_s": "1.5", "algo": "grpo", "task": "arith", "model": "tiny",
-                "aligned_forward": "false", "seed": str(i), "backend": "embedded", "mlflow.parentRunId": parent}
+        tags = {"precision": prec, "correction": "acr", "uaq_s": "1.5", "algo": "grpo", "task": "arith",
+                "model": "tiny", "aligned_forward": "false", "seed": str(i), "backend": "embedded",
+                "mlflow.parentRunId": parent}
         rid = client.create_run(exp, run_name=f"r{i}", tags=tags).info.run_id
         vals = rng.random((4, 2))  # [step, key]
         metrics = [Metric("rollout_corr/kl", float(vals[s, 0]), 1000 + s, s) for s in range(1, 4)]

@@ -135,7 +135,8 @@ def test_throughput_and_kl_hand_computed():
          "sync_s": 0.3, "step_s": 2.0, "gen_s": 1.0},
         {"precision": "int8", "gen_tokens_per_s": 250.0, "sync_s": 0.5, "step_s": 1.0, "gen_s": 0.5,
          "kl_first": 0.002, "kl_last": 0.02},
-        {"precision": "int8", "seed": 1, "gen_tokens_per_s": 999.0, "status": "KILLED", "kl_first": 1.0, "kl_last": 1.0},
+        {"precision": "int8", "seed": 1, "gen_tokens_per_s": 999.0, "status": "KILLED", "kl_first": 1.0,
+         "kl_last": 1.0},
         {"precision": "int8", "steps": 20, "gen_tokens_per_s": 50.0},  # another workload: no bf16 reference
         {"precision": "fp8", "fp8_granularity": "per_channel", "gen_tokens_per_s": 500.0, "model": "small",
          "kl_first": -0.001, "kl_last": 0.004},

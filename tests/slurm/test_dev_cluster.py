@@ -279,7 +279,8 @@ def test_urgent_partition_preempts_by_requeue(slurm_cluster, tmp_path):
     history = slurm_cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", low).stdout.split()
     assert history[0] == "PREEMPTED"
     # requeued, not ended: the job is queued again (it may start after cred_expire=10 s)
-    job = dict(kv.split("=", 1) for kv in slurm_cluster.run("scontrol", "show", "job", "-o", low).stdout.split() if "=" in kv)
+    job = dict(kv.split("=", 1) for kv in slurm_cluster.run("scontrol", "show", "job", "-o", low).stdout.split()
+               if "=" in kv)
     assert job["Restarts"] == "1"
     assert job["JobState"] in ("PENDING", "RUNNING"), job["JobState"]
     slurm_cluster.run("scancel", low)

@@ -78,7 +78,8 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{len(done_before)} done" in out.stdout.splitlines()[0]
     # without a terminal, the aggregate every progress_s between the cells' own lines
-    agg = re.findall(r"^sweep kill: (\d)/3 done, (\d) running, 0 failed, (\d) queued \| [\d.]+ min elapsed(, ETA [\d.]+ min)?$",
+    agg = re.findall(r"^sweep kill: (\d)/3 done, (\d) running, 0 failed, (\d) queued \| "
+                     r"[\d.]+ min elapsed(, ETA [\d.]+ min)?$",
                      out.stdout, flags=re.M)
     assert agg and any(eta for *_, eta in agg), out.stdout
     jobs = [json.loads(x) for x in (state / "jobs.jsonl").read_text().splitlines()]

@@ -20,7 +20,8 @@ def test_the_line_and_its_eta_by_hand():
     # 2.5 of 5 units in 60 s: the other 2.5 take 60 s more
     assert aggregate_line("sweep q", 8, 2, 2, 1, 1, 60.0, 2.5, 5) == \
         "sweep q: 2/8 done, 2 running, 1 failed, 1 queued | 1.0 min elapsed, ETA 1.0 min"
-    assert aggregate_line("t", 4, 0, 2, 0, 2, 30.0, 0.0, 4) == "t: 0/4 done, 2 running, 0 failed, 2 queued | 0.5 min elapsed"
+    assert aggregate_line("t", 4, 0, 2, 0, 2, 30.0, 0.0, 4) == \
+        "t: 0/4 done, 2 running, 0 failed, 2 queued | 0.5 min elapsed"
     assert aggregate_line("t", 4, 4, 0, 0, 0, 90.0) == "t: 4/4 done, 0 running, 0 failed, 0 queued | 1.5 min elapsed"
 
 

@@ -75,7 +75,8 @@ def test_job_array_with_a_failing_cell_lands_in_mlflow(slurm_cluster, tmp_path, 
     assert "done 2  failed 1  (of 3)" in st.stdout
     client, parents, children = _children(uri)
     assert len(parents) == 1 and parents[0].info.run_name == "arr" and parents[0].info.status == "FAILED"
-    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"sweep.yaml", "matrix.json", "matrix.csv"}
+    assert ({a.path for a in client.list_artifacts(parents[0].info.run_id)}
+            >= {"sweep.yaml", "matrix.json", "matrix.csv"})
     by_cell = {r.data.tags["cell"]: r for r in children}
     assert set(by_cell) == {"0", "1", "2"}
     assert by_cell["0"].info.status == by_cell["1"].info.status == "FINISHED"

@@ -117,7 +117,8 @@ def test_shipped_experiments_have_the_issue_axes():
         ("w4a16", "naive", False), ("w4a16", "naive", True), ("w4a16", "tbpo", False), ("w4a16", "tbpo", True),
         ("bf16", "naive", False), ("bf16", "tbpo", False)}
     schemes = by["qarl_schemes"]
-    assert {(c.cfg.quant.precision, c.cfg.correction.mode, c.cfg.correction.aligned_forward) for c in schemes.cells} == {
+    assert {(c.cfg.quant.precision, c.cfg.correction.mode, c.cfg.correction.aligned_forward)
+            for c in schemes.cells} == {
         ("int8", "tbpo", True), ("fp8", "tbpo", True), ("w4a16", "tbpo", True), ("bf16", "tbpo", False)}
     tp = by["qarl_throughput"]
     assert {(c.cfg.correction.mode, c.cfg.correction.aligned_forward) for c in tp.cells} == {

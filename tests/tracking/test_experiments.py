@@ -54,7 +54,8 @@ def test_a_run_carries_source_user_and_commit_and_its_own_tags_win(client):
     assert tags["algo"] == "grpo" and tags["mlflow.source.name"] == "suite sweep x.yaml"
     assert tags["mlflow.user"] == (os.environ.get("MLFLOW_TRACKING_USERNAME") or getpass.getuser())
     assert tags["mlflow.source.type"] == "LOCAL" and run.info.run_name == "r"
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(suite.__file__), capture_output=True, text=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(suite.__file__), capture_output=True,
+                          text=True)
     if head.returncode == 0:
         assert tags["mlflow.source.git.commit"] == head.stdout.strip()
 

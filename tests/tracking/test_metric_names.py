@@ -10,10 +10,10 @@ from mlflow.tracking import MlflowClient
 
 from suite.tracking.mlflow_logger import MAX_KEY_LENGTH, metric_name_problem
 
-GOOD = ["loss", "val-core/arith/acc/mean_at_1", "actor/pg_clipfrac", "a b", "time:step", "a.b-c_d/e", "x" * MAX_KEY_LENGTH,
-        "a..b", "ü"]
-BAD = ["", ".", "..a", "a//b", "a/./b", "a/../b", "../a", "/a", "a/", "a?b", "a@b", "a,b", "a\nb", "x" * (MAX_KEY_LENGTH + 1),
-       "a\\b", "a#b"]
+GOOD = ["loss", "val-core/arith/acc/mean_at_1", "actor/pg_clipfrac", "a b", "time:step", "a.b-c_d/e",
+        "x" * MAX_KEY_LENGTH, "a..b", "ü"]
+BAD = ["", ".", "..a", "a//b", "a/./b", "a/../b", "../a", "/a", "a/", "a?b", "a@b", "a,b", "a\nb",
+       "x" * (MAX_KEY_LENGTH + 1), "a\\b", "a#b"]
 
 
 @pytest.fixture(scope="module")

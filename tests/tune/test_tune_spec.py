@@ -43,7 +43,8 @@ def test_good_file_loads_and_builds_distributions(tmp_path):
 
 
 def test_grid_space_enumerates_steps_and_choices(tmp_path):
-    text = GOOD.replace("uaq.s: {{type: float, low: 1.0, high: 2.0}}", "uaq.s: {{type: float, low: 1.0, high: 2.0, step: 0.5}}")
+    text = GOOD.replace("uaq.s: {{type: float, low: 1.0, high: 2.0}}",
+                        "uaq.s: {{type: float, low: 1.0, high: 2.0, step: 0.5}}")
     text = text.replace(", log: true", "")
     spec = load_tune_file(write(tmp_path, text), ["sampler.name=grid"])
     g = grid_space(spec)
@@ -64,11 +65,13 @@ def test_grid_space_enumerates_steps_and_choices(tmp_path):
          "space.uaq.s.low: log=true needs low > 0, got 0.0"),
         ("uaq.s: {{type: float, low: 1.0, high: 2.0}}", "uaq.s: {{type: float, low: -1.0, high: 2.0, log: true}}",
          "space.uaq.s.low: log=true needs low > 0"),
-        ("correction.mode: {{type: categorical, choices: [acr, tis]}}", "correction.mode: {{type: categorical, choices: []}}",
+        ("correction.mode: {{type: categorical, choices: [acr, tis]}}",
+         "correction.mode: {{type: categorical, choices: []}}",
          "space.correction.mode.choices: a categorical parameter needs a non-empty list"),
         ("uaq.s: {{type: float, low: 1.0, high: 2.0}}", "uaq.s: {{type: normal, low: 1.0, high: 2.0}}",
          "space.uaq.s.type: 'normal' is not allowed; choose one of: float, int, categorical"),
-        ("train.minibatches: {{type: int, low: 1, high: 4, log: true}}", "train.minibatches: {{type: int, low: 1.5, high: 4}}",
+        ("train.minibatches: {{type: int, low: 1, high: 4, log: true}}",
+         "train.minibatches: {{type: int, low: 1.5, high: 4}}",
          "space.train.minibatches.low: an int parameter needs integer bounds"),
         ("pruner: {{name: none}}", "pruner: {{name: hyperband}}",
          "pruner.name: 'hyperband' is not allowed; choose one of: none, median, successive_halving"),
@@ -100,9 +103,11 @@ def test_mistyped_field_fails_naming_it(tmp_path):
         ("uaq.s:", "uaq.scale:", "space.uaq.scale: unknown parameter key 'uaq.scale'"),
         ("uaq.s:", "algo:", "space.algo: 'algo' is a config group: search it with type: categorical"),
         ("uaq.s:", "uaq:", "space.uaq: unknown parameter key 'uaq'"),  # a section, not a value
-        ("correction.mode: {{type: categorical, choices: [acr, tis]}}", "quant: {{type: categorical, choices: [int8, fp8]}}",
+        ("correction.mode: {{type: categorical, choices: [acr, tis]}}",
+         "quant: {{type: categorical, choices: [int8, fp8]}}",
          None),  # a config group searched by its options
-        ("correction.mode: {{type: categorical, choices: [acr, tis]}}", "quant: {{type: categorical, choices: [int8, int3]}}",
+        ("correction.mode: {{type: categorical, choices: [acr, tis]}}",
+         "quant: {{type: categorical, choices: [int8, int3]}}",
          "space.quant: value 'int3' is refused by the run config"),
         ("uaq.s: {{type: float, low: 1.0, high: 2.0}}", "uaq.s: {{type: float, low: 0.001, high: 2.0, log: true}}",
          None),

@@ -113,7 +113,8 @@ def test_aligned_forward_equals_fake_quantized_copy(tiny_qwen2, spec):
     tokens = torch.randint(3, plain.config.vocab_size, (3, 11), generator=torch.Generator().manual_seed(0))
     target = torch.randn(3, 11, plain.config.vocab_size, generator=torch.Generator().manual_seed(1))
     outs = {}
-    for label, model in (("aligned", aligned), ("reference", reference), ("plain", plain), ("weight_only", weight_only)):
+    for label, model in (("aligned", aligned), ("reference", reference), ("plain", plain),
+                         ("weight_only", weight_only)):
         logits = model(tokens).logits
         (logits * target).sum().backward()
         outs[label] = logits.detach()
@@ -237,13 +238,15 @@ def test_import_verl_installs_through_the_plugin_entry_point():
     env = {k: v for k, v in os.environ.items() if k != ALIGNED_ENV}
     names = []
     for extra in ({ALIGNED_ENV: "w4a16:32:asym"}, {}):
-        out = subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True, timeout=300)
+        out = subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True,
+                             timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         names.append(out.stdout.split()[-1])
     assert names == ["SuiteAlignedFSDPEngineWithLMHead", "FSDPEngineWithLMHead"]
-    bad = subprocess.run([sys.executable, "-c", "import verl\nfrom verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
-                          "get_policy_loss_fn('acr')"], env={**env, ALIGNED_ENV: "int4"}, capture_output=True, text=True,
-                         timeout=300)
+    bad = subprocess.run([sys.executable, "-c",
+                          "import verl\nfrom verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
+                          "get_policy_loss_fn('acr')"], env={**env, ALIGNED_ENV: "int4"}, capture_output=True,
+                         text=True, timeout=300)
     # a bad spec must not train silently without the aligned forward: the suite losses are missing too
     assert bad.returncode != 0 and "acr" in bad.stderr, bad.stderr[-2000:]
 
@@ -278,7 +281,8 @@ def test_aligned_actor_under_verls_fsdp2_wrapping(registry, gloo_group, tiny_qwe
     _rollout_input_hooks(reference, names, scheme)
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=True)
-    fsdp_kwargs = {"mesh": init_device_mesh("cpu", (1,)), "mp_policy": mp, "offload_policy": None, "reshard_after_forward": True}
+    fsdp_kwargs = {"mesh": init_device_mesh("cpu", (1,)), "mp_policy": mp, "offload_policy": None,
+                   "reshard_after_forward": True}
     apply_fsdp2(actor, fsdp_kwargs, {})
     assert type(actor.model.layers[0]).__name__.startswith("FSDP")
     assert isinstance(actor.model.layers[0].self_attn.q_proj, AlignedLinear)

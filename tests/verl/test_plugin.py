@@ -48,7 +48,8 @@ def loss_env_vars(monkeypatch):
 def _batch(seed: int, B: int = 6, T: int = 9):
     g = torch.Generator().manual_seed(seed)
     prox = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3  # log pi_prox  [B, T]
-    behav = prox + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)  # log pi_behav: r spread over both sides of 1
+    # log pi_behav: r spread over both sides of 1
+    behav = prox + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
     logp = prox + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64)  # log pi_theta
     adv = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T).clone()  # outcome advantages [B, T]
     adv[0] = -adv[0].abs()  # at least one negative and one positive sequence
@@ -107,11 +108,13 @@ def test_registry_equals_core_losses(verl_api, loss_env_vars, verl_name, agg, se
         R_valid = torch.exp(logp.detach() - prox)[valid]
         assert stats[f"actor/ratio_{name}"] == pytest.approx(float(torch.quantile(R_valid, q)), rel=1e-9), name
     assert stats["rollout_corr/ratio_frac_above_2"] == pytest.approx(float((r_valid > 2).double().mean()), rel=1e-12)
-    assert stats["rollout_corr/ratio_frac_below_0.5"] == pytest.approx(float((r_valid < 0.5).double().mean()), rel=1e-12)
+    assert stats["rollout_corr/ratio_frac_below_0.5"] == pytest.approx(float((r_valid < 0.5).double().mean()),
+                                                                      rel=1e-12)
     # the batch exercises the modes: clipping and (for acr) both sides of r = 1 occur
     assert ref_stats["actor/pg_clipfrac"] > 0
     if verl_name == "acr":
-        assert 0 < ref_stats["actor/acr_relaxed_frac"] < 1 and ref_stats["rollout_corr/rollout_is_ratio_fraction_high"] > 0
+        assert (0 < ref_stats["actor/acr_relaxed_frac"] < 1
+                and ref_stats["rollout_corr/rollout_is_ratio_fraction_high"] > 0)
 
 
 def test_tis_translation_is_verl_vanilla(verl_api):
@@ -120,8 +123,10 @@ def test_tis_translation_is_verl_vanilla(verl_api):
     logp, prox, behav, adv, mask = _batch(3)
     weights, _ = rc_weights(prox - behav, mask, rollout_is="token", rollout_is_threshold=2.0)
     actor = _actor_config(FSDPActorConfig, 3.0, "token-mean")
-    loss, _ = get_fn("vanilla")(prox, logp, adv, mask, loss_agg_mode="token-mean", config=actor, rollout_is_weights=weights)
-    ref, _ = policy_loss(logp, prox, behav, adv, mask, mode="tis", clip_low=0.2, clip_high=0.28, dual_clip=3.0, tis_cap=2.0)
+    loss, _ = get_fn("vanilla")(prox, logp, adv, mask, loss_agg_mode="token-mean", config=actor,
+                                rollout_is_weights=weights)
+    ref, _ = policy_loss(logp, prox, behav, adv, mask, mode="tis", clip_low=0.2, clip_high=0.28, dual_clip=3.0,
+                         tis_cap=2.0)
     torch.testing.assert_close(loss, ref)
 
 
@@ -137,8 +142,9 @@ def test_data_parallel_scaling_matches_verl(verl_api, loss_env_vars):
         ours, _ = get_fn("acr")(prox, logp, adv, mask, loss_agg_mode=agg, config=actor, rollout_is_weights=weights)
         theirs, _ = get_fn("vanilla")(prox, logp, adv, mask, loss_agg_mode=agg, config=actor, rollout_is_weights=None)
         torch.testing.assert_close(ours, theirs.to(ours.dtype), rtol=1e-6, atol=1e-12)  # verl adds 1e-8 to seq lengths
-        assert float(ours) != pytest.approx(float(policy_loss(logp, prox, prox, adv, mask, mode="acr", clip_low=0.2, clip_high=0.28,
-                                                              dual_clip=3.0, agg=agg)[0]))  # the scaling did something
+        assert float(ours) != pytest.approx(float(policy_loss(logp, prox, prox, adv, mask, mode="acr", clip_low=0.2,
+                                                              clip_high=0.28, dual_clip=3.0,
+                                                              agg=agg)[0]))  # the scaling did something
 
 
 def test_missing_weights_or_env_is_a_clear_error(verl_api, monkeypatch):

@@ -126,7 +126,8 @@ def test_every_sweep_cell_composes_and_validates(name, verl_paths, composer, uaq
         _check_semantics(cfg, vcfg, label)
         checked[key] = label
     assert len(checked) >= 3 and len(checked) <= len(cells)
-    print(f"{name}: {len(cells)} cells, {len(checked)} distinct verl configs validated, {aligned} with the aligned forward")
+    print(f"{name}: {len(cells)} cells, {len(checked)} distinct verl configs validated, "
+          f"{aligned} with the aligned forward")
 
 
 def _check_semantics(cfg, v, label):
@@ -144,7 +145,8 @@ def _check_semantics(cfg, v, label):
 
     env = OmegaConf.select(v, "ray_kwargs.ray_init.runtime_env.env_vars") or OmegaConf.create({})  # none for bf16 naive
     if c.mode == "tis":
-        assert (rc.rollout_is, rc.rollout_is_threshold, ar.actor.policy_loss.loss_mode) == ("token", c.tis_cap, "vanilla"), label
+        assert (rc.rollout_is, rc.rollout_is_threshold, ar.actor.policy_loss.loss_mode) == \
+            ("token", c.tis_cap, "vanilla"), label
     elif c.mode in ("naive", "bypass"):  # verl's stock pipeline / its bypass mode: no IS weight
         assert rc.rollout_is is None and ar.actor.policy_loss.loss_mode == "vanilla", label
         assert "SUITE_LOSS_PARAMS" not in env, label
@@ -153,7 +155,8 @@ def _check_semantics(cfg, v, label):
         assert ar.actor.policy_loss.loss_mode == c.mode, label
         params = json.loads(env.SUITE_LOSS_PARAMS)
         assert params == ({"tis_cap": c.tis_cap} if c.mode == "acr" else
-                          {k: c[k] for k in ("tbpo_delta_pos", "tbpo_delta_neg_low", "tbpo_delta_neg_high", "tbpo_seq_cap")}), label
+                          {k: c[k] for k in ("tbpo_delta_pos", "tbpo_delta_neg_low", "tbpo_delta_neg_high",
+                                             "tbpo_seq_cap")}), label
     assert rc.bypass_mode is (c.mode == "bypass") and rc.rollout_is_batch_normalize is False, label
     if c.mode == "bypass":
         assert rc.loss_type == "ppo_clip", label
@@ -161,7 +164,8 @@ def _check_semantics(cfg, v, label):
     assert ar.rollout.quantization == ("fp8" if q == "fp8" else None), label
     kw = ar.rollout.get("engine_kwargs", {}).get("vllm", {}) or {}
     if q in ("int8", "w4a16"):
-        assert kw["worker_extension_cls"] == "suite.verl.int8_hook.QuantizedWeightSyncExtension" and env.SUITE_ROLLOUT_QUANT == q, label
+        assert (kw["worker_extension_cls"] == "suite.verl.int8_hook.QuantizedWeightSyncExtension"
+                and env.SUITE_ROLLOUT_QUANT == q), label
     if q == "int8":
         from omegaconf import OmegaConf
 
@@ -189,7 +193,8 @@ def _check_semantics(cfg, v, label):
         assert v.reward.reward_manager.name == "dapo", label
         if a.overlong_buffer:
             ob = v.reward.reward_kwargs.overlong_buffer_cfg
-            assert (ob.enable, ob.len, v.reward.reward_kwargs.max_resp_len) == (True, a.overlong_buffer, cfg.rollout.max_new_tokens)
+            assert (ob.enable, ob.len, v.reward.reward_kwargs.max_resp_len) == \
+                (True, a.overlong_buffer, cfg.rollout.max_new_tokens)
     assert ar.actor.use_kl_loss == (a.kl_coef > 0), label
 
 
@@ -206,7 +211,8 @@ def test_fast_compose_equals_full_compose(verl_paths, composer, uaq_siblings):
 
 
 def test_unknown_verl_key_fails(verl_paths, composer):
-    cfg = compose_config(verl_paths + ["quant=bf16", "backend.extra_overrides=['actor_rollout_ref.actor.no_such_knob=1']"])
+    cfg = compose_config(verl_paths + ["quant=bf16",
+                                       "backend.extra_overrides=['actor_rollout_ref.actor.no_such_knob=1']"])
     with pytest.raises(Exception, match="no_such_knob"):
         composer.compose(verl_overrides(cfg))
 
@@ -330,7 +336,8 @@ def test_an_isa_cap_below_vnni_refuses_vllm_cpu_int8(verl_paths, monkeypatch):
 def test_cpu_run_overrides_compose_against_verls_config(verl_paths, composer):
     from suite.verl.cpu_workarounds import VERL_CPU_OVERRIDES
 
-    cfg = compose_config(verl_paths + ["quant=int8", "correction=acr", "backend.device=cpu", "backend.n_gpus_per_node=1"])
+    cfg = compose_config(verl_paths + ["quant=int8", "correction=acr", "backend.device=cpu",
+                                       "backend.n_gpus_per_node=1"])
     o = verl_overrides(cfg)
     assert o[-len(VERL_CPU_OVERRIDES):] == list(VERL_CPU_OVERRIDES)
     vcfg = composer.compose(o)

@@ -37,7 +37,8 @@ if HAVE_VLLM and EMULATE:
     from suite.hardware import proc_cpu_flags
 
     if EMULATE == "avx2_vnni" and "avx_vnni" not in proc_cpu_flags():
-        raise pytest.UsageError("SUITE_VLLM_CPU_EMULATE=avx2_vnni needs a CPU with AVX-VNNI (avx_vnni in /proc/cpuinfo)")
+        raise pytest.UsageError("SUITE_VLLM_CPU_EMULATE=avx2_vnni needs a CPU with AVX-VNNI "
+                                "(avx_vnni in /proc/cpuinfo)")
     os.environ["ONEDNN_MAX_CPU_ISA"] = EMULATED_ISA[EMULATE]  # read by oneDNN at its first primitive, after this
     import torch
 

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(bool(EMULATE), reason=f"SUITE_VLLM_CPU_EMULATE={
                                                       "subprocess, which the emulation does not reach")
 
 
-@pytest.mark.skipif(bool(FP32_ENGINE_BROKEN), reason="float32 vLLM engine on this CPU kind: " + (FP32_ENGINE_BROKEN or ""))
+@pytest.mark.skipif(bool(FP32_ENGINE_BROKEN),
+                    reason="float32 vLLM engine on this CPU kind: " + (FP32_ENGINE_BROKEN or ""))
 def test_vllm_takes_the_eos_id_greedily_where_we_do(tmp_path):
     """The bench decodes without a stop token on both sides; vLLM must not mask the config's
     ``eos_token_id`` (what ``min_tokens`` does), or its greedy pick differs from ours at every

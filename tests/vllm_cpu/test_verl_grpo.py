@@ -2,7 +2,8 @@
 
 2 steps of a tiny random Llama (tests/vllm_cpu/vllm_tiny.py) on the suite's arith task (its
 parquet written here from suite.embedded.tasks, scored by the task's own ``verify``), INT8
-rollouts on vLLM CPU with the suite's weight-sync hook (bf16 where vLLM CPU does not serve INT8), the suite's ACR loss from the plugin.
+rollouts on vLLM CPU with the suite's weight-sync hook (bf16 where vLLM CPU does not serve INT8), the suite's
+ACR loss from the plugin.
 About 6 minutes on 2 cores; every verl process runs under the subprocess timeout below (a failing
 verl run hangs rather than exits). The random model never answers right, so rewards are 0: the
 run checks the mechanics and where the metrics land, not learning.
@@ -86,7 +87,8 @@ def test_verl_grpo_two_steps_on_vllm_cpu(tmp_path):
         "steps=2", "eval_every=2", "ckpt_every=100", "uaq.s=1.0", f"out_dir={tmp_path / 'runs'}",
         f"tracking.tracking_uri={uri}",
     ]
-    proc = subprocess.run([sys.executable, "-c", "import sys; from suite.cli import main; sys.argv[0] = 'suite'; main()",
+    proc = subprocess.run([sys.executable, "-c",
+                           "import sys; from suite.cli import main; sys.argv[0] = 'suite'; main()",
                            *args], cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

@@ -114,7 +114,8 @@ def test_w4a16_syncs_equal_a_fresh_load_of_the_fake_quantized_checkpoint(verl_en
     ck0, ck1 = checkpoints(tmp_path, 0), checkpoints(tmp_path, 1)
     w1 = _weights(ck1["fp"])
     fq = dict(fake_quant_weights(w1, QuantScheme(precision="w4a16", group_size=32, symmetric=True)))
-    save_file({k: v.contiguous() for k, v in fq.items()}, str(ck1["fp"] / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in fq.items()}, str(ck1["fp"] / "model.safetensors"),
+              metadata={"format": "pt"})
     llm = engine(ck1["fp"], "bfloat16")
     want = rollout_logprobs(llm, PROMPTS)
     del llm

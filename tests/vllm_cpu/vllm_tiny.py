@@ -67,7 +67,8 @@ def engine(path: Path, dtype: str = "float32", **kw):
     """A vLLM engine in this process (eager: no compile time; seeded)."""
     from vllm import LLM
 
-    return LLM(model=str(path), dtype=dtype, max_model_len=MAX_SEQ_LEN, enforce_eager=True, seed=0, max_num_seqs=8, **kw)
+    return LLM(model=str(path), dtype=dtype, max_model_len=MAX_SEQ_LEN, enforce_eager=True, seed=0, max_num_seqs=8,
+               **kw)
 
 
 def sequences(n: int = 8, length: int = 36, seed: int = 0) -> list[list[int]]:
@@ -92,7 +93,8 @@ def rollout_logprobs(llm, prompts: list[list[int]], max_tokens: int = 8) -> list
 
     out = llm.generate([{"prompt_token_ids": p} for p in prompts],
                        SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=0), use_tqdm=False)
-    return [(list(o.outputs[0].token_ids), [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)])
+    return [(list(o.outputs[0].token_ids),
+             [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)])
             for o in out]
 
 
