@@ -44,7 +44,8 @@ def add_jsonl_artifacts(client, uri: str) -> None:
             path.parent.mkdir()
             with open(path, "w") as fh:
                 for step, s in g.groupby("step"):
-                    fh.write(json.dumps({"step": int(step), "time": 0.0, "metrics": dict(zip(s["key"], s["value"]))}) + "\n")
+                    row = {"step": int(step), "time": 0.0, "metrics": dict(zip(s["key"], s["value"]))}
+                    fh.write(json.dumps(row) + "\n")
             client.log_artifact(rid, str(path))
 
 
@@ -66,7 +67,8 @@ def read_jsonl_artifacts(client, run_ids: list[str], keys: list[str], threads: i
 
 
 def _values(df) -> dict:
-    return {(r, int(s), k): float(v) for r, s, k, v in df[["mlflow_run_id", "step", "key", "value"]].itertuples(index=False)}
+    cols = df[["mlflow_run_id", "step", "key", "value"]]
+    return {(r, int(s), k): float(v) for r, s, k, v in cols.itertuples(index=False)}
 
 
 def main() -> int:
@@ -89,7 +91,8 @@ def main() -> int:
     uri = f"sqlite:///{db}"
     if not done.exists():
         db.unlink(missing_ok=True)
-        print(f"writing {args.runs} runs x {args.steps} steps (+ metrics.jsonl artifacts) to {uri} ...", file=sys.stderr)
+        print(f"writing {args.runs} runs x {args.steps} steps (+ metrics.jsonl artifacts) to {uri} ...",
+              file=sys.stderr)
         write_runs(uri, args.runs, args.steps)
         add_jsonl_artifacts(MlflowClient(uri), uri)
         done.write_text("ok\n")
