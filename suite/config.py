@@ -169,7 +169,8 @@ class TrainConfig:
     # default: an fp32 pi_prox isolates the rollout's quantization mismatch (docs/math.md, "Trainer
     # precision"); bf16 is verl's FSDP mixed precision, the papers' setting; auto = bf16 where the
     # CPU computes bf16 natively (AVX512-BF16 / AMX) or on CUDA, else fp32, resolved at compose time
-    # into the run id. On AVX2-only CPUs bf16 runs 15-20x slower than fp32 for the backward.
+    # into the run id. On AVX2-only CPUs bf16 runs far slower than fp32 for the backward
+    # (docs/bench.md, "Measurements behind the code").
     autocast: str = "fp32"  # fp32 | bf16 | auto (embedded backend)
 
 
@@ -182,8 +183,9 @@ class WarmStartConfig:
     # Flawed teacher (suite.embedded.tasks.flawed_response): with probability flaw_prob, a trace whose
     # last step applies flaw_op stops one step short, so RL starts from a policy with a systematic,
     # correctable blind spot, as the papers' pretrained models have. auto = arith "-", word "+".
-    # On by default: the default run's RL then raises held-out accuracy by ~0.13 (README); with a
-    # clean warm start the errors left are arithmetic facts, which RL at lr 3e-5 barely moves.
+    # On by default: the default run's RL then raises held-out accuracy clearly (README; docs/bench.md,
+    # "Measurements behind the code"); with a clean warm start the errors left are arithmetic facts,
+    # which RL at lr 3e-5 barely moves.
     flaw_op: str = "auto"  # none | auto | + | - | * | /
     flaw_prob: float = 0.7  # probability that the flawed teacher writes such a trace (0 = clean warm start)
     cache_dir: str = "${oc.env:SUITE_CACHE,'~/.cache/suite'}/warmstart"  # keyed by everything it depends on
@@ -230,7 +232,9 @@ class Config:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     seed: int = 0  # seeds data, init, sampling; part of the run id
-    steps: int = 150  # RL steps (the default run's gain is in by step ~50; 150 keeps a fresh run under 5 min)
+    # RL steps: the default run's gain is in well before the last step (docs/bench.md, "Measurements behind
+    # the code"); 150 keeps a fresh run under 5 min
+    steps: int = 150
     eval_every: int = 25  # held-out evaluation every N steps (and at the first and last step)
     ckpt_every: int = 20  # checkpoint (and MLflow commit) every N steps
     out_dir: str = "runs"  # run directories live in out_dir/<run_id>

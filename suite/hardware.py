@@ -161,9 +161,9 @@ def int_mm_exact() -> bool:
     """Whether ``torch._int_mm`` computes exact int32 sums here.
 
     False where an ISA cap forces oneDNN below the VNNI kernel of a VNNI CPU: oneDNN's AVX2
-    u8s8 kernel multiplies into saturating int16 pairs (measured: max error 79,918 on a full-range
-    64x256x96 product). On VNNI / AMX it is exact, and so it was on the AVX2-only EPYC this
-    project measured before (torch's slow reference path, 0.05-0.1x float32)."""
+    u8s8 kernel multiplies into saturating int16 pairs (measured: large errors on a full-range
+    product; docs/bench.md, "Measurements behind the code"). On VNNI / AMX it is exact, and so it
+    was on the AVX2-only EPYC this project measured before (torch's slow reference path)."""
     import torch
 
     return not (cpu_features().capped and bool(torch.cpu._is_vnni_supported()) and not _cuda())
@@ -174,8 +174,8 @@ def executed_kernels(kernels: str, precision: str) -> str:
 
     ``native`` int8 without VNNI / AMX runs the emulated path: it computes the same integer sums
     exactly (suite.embedded.engine; tests/embedded/test_engine.py checks bit equality), where
-    torch's int8 kernel is either 10-20x slower than float32 or, under an ISA cap, inexact
-    (:func:`int_mm_exact`)."""
+    torch's int8 kernel is either far slower than float32 (docs/bench.md, "Measurements behind
+    the code") or, under an ISA cap, inexact (:func:`int_mm_exact`)."""
     import torch
 
     int8_gemm = _quantizer(precision).gemm_dtype == torch.int8

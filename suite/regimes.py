@@ -9,13 +9,13 @@ regime has the same run id as one given the same values by hand.
 `paper` was found by measurement (analysis/results/regime/README.md): the smallest change to
 the default run whose median `rollout_corr/k3_kl` over the first RL steps reaches QuRL's 0.002.
 INT8 W8A8 does not reach it on the embedded models at any temperature that still samples sensible
-answers (8.5e-5 at T = 1.5, 3.3e-4 at T = 2), so the regime's precision is W4A16 (QaRL's),
+answers (docs/bench.md, "Measurements behind the code"), so the regime's precision is W4A16 (QaRL's),
 standing in for the papers' INT8 mismatch; the studies label it so.
 
 The level it reaches depends on the CPU kind (docs/architecture.md, "CPU kinds"): the search ran
 on an AVX-512 VNNI/BF16 EPYC (native bf16); on an AVX2-only EPYC (bf16 emulated) and on an AMX
-Xeon the same command reaches about half the papers' 0.002 (median k3 over the tests' 3 steps:
-3.5e-3 AVX-512 EPYC, 1.05e-3 AVX2, 9.7e-4 AMX). The preset keeps one definition on every kind,
+Xeon the same command stays below the papers' 0.002 (docs/bench.md, "Measurements behind the
+code"). The preset keeps one definition on every kind,
 so a run id means the same settings everywhere; each run records its measured k3 and `cpu_flags`.
 """
 

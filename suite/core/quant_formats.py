@@ -147,8 +147,8 @@ def group_len(group_size: int, in_f: int) -> int:
 
 def _div(t: torch.Tensor, c: float) -> torch.Tensor:
     """``t / c`` as a true IEEE division on every device. CUDA compiles a division by a Python
-    scalar into a multiplication by its reciprocal, which is 1 ulp off for some inputs (measured
-    on an H200: 7 of 256 INT8 scales, then 5 of 131,072 codes off by one against the CPU);
+    scalar into a multiplication by its reciprocal, which is 1 ulp off for some inputs, and then
+    some codes are off by one against the CPU (docs/bench.md, "Measurements behind the code");
     dividing by a tensor is exact, so CPU and GPU quantize bit-identically."""
     return t / torch.full_like(t, c)
 

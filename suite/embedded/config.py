@@ -4,9 +4,10 @@ cannot serve is refused naming the key, before a run dir or MLflow run exists.
 
 Registered with suite.config ``register_backend`` on import (suite.config imports this module
 last, by name). The bounds come from the task level's own budgets (suite.embedded.tasks
-``LEVELS``, ``HELD_OUT_PROMPTS``, ``FINAL_OPS``), never from drawing prompts, so the check costs
-~0.3 ms per cell. Token counts are character counts: `CharTokenizer` gives one token per
-character, and the trainer encodes prompts without ``<bos>`` (suite.embedded.trainer).
+``LEVELS``, ``HELD_OUT_PROMPTS``, ``FINAL_OPS``), never from drawing prompts, so the check is
+cheap per cell (docs/bench.md, "Measurements behind the code"). Token counts are character
+counts: `CharTokenizer` gives one token per character, and the trainer encodes prompts without
+``<bos>`` (suite.embedded.trainer).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Why not ``Transformer.hidden`` for each new token: at decode batch sizes on a CPU every aten
 call costs a few microseconds of dispatch whatever its size, and the general forward spends
-~1,040 of them per token on [B, T, ...] views, masks rebuilt per layer, rotary slices and no-op
-casts; :class:`Decoder` spends ~420 (fp32; ~560 in bf16, whose norms and softmax really cast).
+many of them per token on [B, T, ...] views, masks rebuilt per layer, rotary slices and no-op
+casts; :class:`Decoder` spends far fewer (more in bf16, whose norms and softmax really cast;
+docs/bench.md, "Measurements behind the code").
 The per-step work (positions, rotary table, mask) is done once, the layers run on [B, D] rows
 with in-place ops, and every op that remains computes its elements exactly as the general
 forward does: tests/embedded/test_decode.py checks the logits and the KV cache left behind bit
@@ -172,8 +173,9 @@ def set_native_loop(engine, on: bool) -> None:
 class Norm:
     """``RMSNorm`` as a function of rows x [M, D], with ``mean`` written out as the ``sum`` and
     ``div_`` it runs (aten's CPU ``mean``), ``pow(2)`` as the ``x * x`` it computes, the scalars
-    as ready 0-dim tensors, and in float32 without its two no-op casts: 6 aten calls instead of
-    ~25 (8 in 16 bit, whose two casts are real), the same bits (tests/embedded/test_decode.py)."""
+    as ready 0-dim tensors, and in float32 without its two no-op casts: a few aten calls instead
+    of ``RMSNorm``'s many (two more in 16 bit, whose two casts are real; docs/bench.md,
+    "Measurements behind the code"), the same bits (tests/embedded/test_decode.py)."""
 
     def __init__(self, norm: RMSNorm, dtype: torch.dtype):
         self.norm, self.f32 = norm, dtype == torch.float32

@@ -13,15 +13,15 @@ suite.embedded.qlinear ``ENGINE_LINEARS`` (that module says what each one comput
 same arithmetic as float32 GEMMs with identical numerics; "auto" (default) picks native where it
 is fast -- CUDA; on CPU int8 with VNNI (AVX512-VNNI / AMX), bf16 with AVX512-BF16 / AMX, fp8
 never (suite.hardware ``gemm_fast``) -- and emulated elsewhere: on an AVX2-only CPU ``_int_mm``
-and bf16 GEMMs fall back to reference loops 5-30x slower than float32 (measured here), which
-would invert every speed comparison.
+and bf16 GEMMs fall back to reference loops far slower than float32 (docs/bench.md, "Measurements
+behind the code"), which would invert every speed comparison.
 
 Sampling (:meth:`RolloutEngine.generate`): left-padded prompts; each distinct prompt is
 prefilled once (suite.embedded.prefill ``Prefill``: the general forward's bits, re-fused) and
 its KV cache fanned out to its copies (a GRPO group); then one token per
 step from a preallocated KV cache, through the engine's own one-token path
-(suite.embedded.decode ``Decoder``: ~420 aten calls per step instead of the general forward's
-~1,040, the same bits); finished sequences emit ``pad_id`` (masked) and the loop
+(suite.embedded.decode ``Decoder``: far fewer aten calls per step than the general forward,
+the same bits; docs/bench.md, "Measurements behind the code"); finished sequences emit ``pad_id`` (masked) and the loop
 exits once every sequence has emitted ``stop_id``. ``behav_logp`` is the log-prob of each
 sampled token under ``softmax(logits / temperature)`` of the *engine's* (quantized) model --
 of the full tempered distribution even when ``top_p < 1`` truncates the sampling
@@ -245,8 +245,8 @@ class RolloutEngine:
         behav = torch.zeros(B, max_new_tokens, device=dev)  # [B, R]
         done = torch.zeros(B, dtype=torch.bool, device=dev)  # [B]
 
-        # Inference mode: no version counters or view tracking on the ~400 aten calls of a
-        # decode step (3-5 % of a tiny-model rollout). Only the KV cache, the logits and the
+        # Inference mode: no version counters or view tracking on the many aten calls of a
+        # decode step (docs/bench.md, "Measurements behind the code"). Only the KV cache, the logits and the
         # sampled tokens live inside it; the Rollout's tensors are made outside, updated in place.
         with torch.inference_mode():
             cache = self._get_cache(B, S)

@@ -4,18 +4,19 @@
 Why: with native int8 GEMMs (AVX512-VNNI / AMX) the GEMMs are the cheap part of an int8
 decode step; the per-token activation quantization (aminmax, maximum, div, where, round,
 clamp, cast, finiteness check) and the rescale (int32 -> float, two multiplies, cast to
-bf16) are ~20 aten calls per linear, each a few microseconds of dispatch on [64, 512]
-tensors, which cost more than the GEMM itself (docs/bench.md, "Results").
+bf16) are many aten calls per linear, each a few microseconds of dispatch on decode-sized
+tensors, which together cost more than the GEMM itself (docs/bench.md, "Results" and
+"Measurements behind the code").
 
 Numerics: the same float32 operations in the same order (the C++ file lists them), so the
 codes, the scales and the outputs are bit-identical to the unfused path: the GEMM is the same
 ``torch._int_mm`` call, and its int32 sums are exact in any order (tests/embedded/test_fused.py
 checks all three bit for bit, and the engine's tokens and log-probs).
 
-Alternatives measured (docs/bench.md): ``torch.compile`` (inductor, C++ backend) of the same
-function, weights as inputs, compiled in ~33 s and then was faster for the quantization
-(80 vs 216 us at [64, 512]) but slower for the rescale (150 vs 65 us): its per-call guard and
-wrapper overhead is of the size of the work. The extension is built on first use
+Alternatives measured (docs/bench.md, "Measurements behind the code"): ``torch.compile``
+(inductor, C++ backend) of the same function, weights as inputs, compiles slowly and then was
+faster for the quantization but slower for the rescale: its per-call guard and wrapper
+overhead is of the size of the work. The extension is built on first use
 (suite.embedded.cext); where it cannot be, :func:`available` is False and the engine runs the
 unfused path (same numbers).
 """

@@ -15,9 +15,8 @@ left-padded prompt gets the same rotary positions as an unpadded one, and padded
 masked out, so a sequence's logits never depend on its padding or its batch-mates.
 
 Attention is written with plain matmuls: on the 2-core CPUs this suite targets,
-``scaled_dot_product_attention`` with one query token was 2-4x slower than two matmuls
-(measured: suite bench peer), and a training forward + backward ("small", B 64, T 64, with a padding mask) was
-1.2x slower with it than with these matmuls.
+``scaled_dot_product_attention`` was slower than two matmuls, both with one query token (suite bench peer)
+and in a training forward + backward with a padding mask (docs/bench.md, "Measurements behind the code").
 """
 
 from __future__ import annotations
@@ -57,14 +56,14 @@ class ModelConfig:
 PRESETS: dict[str, dict] = {
     # 0.87M: the default of `suite run` (a fresh run, warm start included, fits 5 CPU minutes) and the tests'.
     "tiny": dict(d_model=128, n_layers=4, n_heads=2, d_ff=384, max_seq_len=256),
-    # 3.25M: after a 300-step warm start only 0.36 held-out accuracy; a strong start takes > 5 CPU minutes.
+    # 3.25M: a strong warm start does not fit 5 CPU minutes (docs/bench.md, "Measurements behind the code").
     "small": dict(d_model=256, n_layers=4, n_heads=4, d_ff=704, max_seq_len=256),
     # 11.6M
     "base": dict(d_model=384, n_layers=6, n_heads=6, d_ff=1152, max_seq_len=256),
     # 49.7M
     "large": dict(d_model=640, n_layers=10, n_heads=10, d_ff=1728, max_seq_len=256),
-    # 13.7M in few wide layers: the INT8 speed benchmark (W8A8 pays off from d_model ~512 on
-    # CPUs with VNNI: suite bench rollout).
+    # 13.7M in few wide layers: the INT8 speed benchmark (W8A8 pays off only on wide layers on
+    # CPUs with VNNI: suite bench rollout; docs/bench.md, "Measurements behind the code").
     "wide": dict(d_model=512, n_layers=4, n_heads=8, d_ff=1536, max_seq_len=256),
 }
 

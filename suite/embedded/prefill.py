@@ -2,7 +2,8 @@
 
 Why not ``Transformer.hidden``: the general forward rebuilds nothing per layer that it could
 share, but it rotates q and k as [B, H, T, hd] transposed views (eight strided multiplies and
-a ``cat`` per tensor and layer), runs the norms as ~25 aten calls, allocates every residual
+a ``cat`` per tensor and layer), runs each norm as many small aten calls (docs/bench.md,
+"Measurements behind the code"), allocates every residual
 and MLP product anew, and computes the final norm and its casts over all T positions though
 sampling reads the last one. :class:`Prefill` builds positions, the rotary tables and the
 keys' additive mask once for all layers, rotates q and k together on the rows of their

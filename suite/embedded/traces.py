@@ -102,9 +102,9 @@ def flawed_response(response: str, op: str) -> str:
     systematic, prompt-dependent mistakes, which an exact-answer reward can correct. A small
     model warm-started on clean traces only makes the errors of under-training (arithmetic
     facts it has not yet memorised), which a sparse reward teaches far more slowly than SFT:
-    with a clean 600-step warm start of the tiny model, held-out accuracy stayed at 0.805 after
-    100 RL steps at lr 3e-5 and fell to 0.688 at lr 1e-4. With this teacher (the default,
-    ``warm_start.flaw_op=auto``) the default run goes 0.691 -> 0.820.
+    after a clean warm start of the tiny model, RL left held-out accuracy flat at lr 3e-5 and
+    lowered it at lr 1e-4, while with this teacher (the default, ``warm_start.flaw_op=auto``)
+    the default run's RL raises it (docs/bench.md, "Measurements behind the code").
     A warm start that imitates this teacher on part of the data gives the policy one
     learnable, generalising blind spot ("skip the final ``+``"), as a base model has.
 

@@ -20,7 +20,8 @@ class LauncherConfig:
     poll_s: float = 5.0  # seconds between job-state polls while waiting
     progress_s: float = 30.0  # seconds between aggregate lines while waiting without a terminal (a bar on one)
     max_requeue: int = 3  # preemptions/timeouts after which a run is not requeued (submitit max_num_timeout)
-    # cells a file may expand to, counted before expansion (10^4 cells take ~1 min to validate);
+    # cells a file may expand to, counted before expansion (validation time grows with the cells:
+    # docs/bench.md, "Measurements behind the code");
     # raise it on purpose for a bigger sweep (`--max-cells N`)
     max_cells: int = 10_000
 

@@ -69,8 +69,8 @@ def _history_client(client, run_ids: list[str], keys: list[str], threads: int = 
 
 def _history_sql(client, run_ids: list[str], keys: list[str]) -> pd.DataFrame:
     """The one-query read. The store's own `get_metric_history_bulk` (one key a call) builds an
-    ORM object per value: on 1,000 runs x 50 steps x 17 keys it took 318 s against 90 s for this
-    Core query on the same shared 2-core machine (docs/reports.md)."""
+    ORM object per value, which made it several times slower than this Core query on the same
+    machine (docs/reports.md; docs/bench.md, "Measurements behind the code")."""
     import sqlalchemy as sa
     from mlflow.store.tracking.dbmodels.models import SqlMetric
 

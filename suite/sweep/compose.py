@@ -1,8 +1,8 @@
 """Fast, exact composition of many cells of one sweep.
 
 `suite.config.compose_config` runs Hydra's whole compose (defaults list, ConfigStore lookups,
-schema merges) for every call: ~0.2-0.6 s on a busy 2-core machine, so a 1,000-cell sweep
-would take minutes to validate. Hydra's own pipeline is two phases:
+schema merges) for every call, which is slow enough that a large sweep would take minutes to
+validate (docs/bench.md, "Measurements behind the code"). Hydra's own pipeline is two phases:
 
 1. group overrides (``quant=fp8``, ``algo=dapo``) choose the defaults list and are merged;
 2. every other override is applied to the merged config, in order (Hydra's docs,
@@ -85,8 +85,8 @@ class CellComposer:
         key = tuple(group_lines)
         base = self._base.get(key)
         if base is None:
-            # kept pickled: unpickling a DictConfig (types, struct flag and all) is ~4x faster
-            # than copy.deepcopy of it
+            # kept pickled: unpickling a DictConfig (types, struct flag and all) is faster than
+            # copy.deepcopy of it (docs/bench.md, "Measurements behind the code")
             base = pickle.dumps(_hydra_compose(group_lines))
             self.hydra_composes += 1
             self._base[key] = base
