@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fingerprint.py"
 CELL = "grpo-fp32-kl-ref"
 
@@ -21,6 +23,7 @@ def _compare(a: Path, b: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow  # ~15 s quiet: two processes train every fingerprint cell
 def test_two_processes_agree_and_a_changed_value_is_named(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     _run(a)

@@ -8,11 +8,14 @@ RL steps); it is the only one that checks that learning happens, not just that a
 import json
 import os
 
+import pytest
+
 from suite.config import compose_config, run_id
 from suite.embedded.trainer import EmbeddedRun
 from suite.tracking.loggers import read_jsonl
 
 
+@pytest.mark.slow  # ~90 s on 2 quiet cores: the default experiment's 150 steps
 def test_default_run_corrects_the_flawed_teacher_and_raises_held_out_accuracy(tmp_path):
     cfg = compose_config([
         # The default experiment (INT8 rollout, GRPO, ACR, UAQ s=1.5, flawed warm start), cut to

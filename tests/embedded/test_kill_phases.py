@@ -131,6 +131,7 @@ def test_kill_at_every_phase_loses_and_duplicates_nothing(tmp_path):
                 assert by_step[e["step"]] == pytest.approx(e["metrics"][key], rel=1e-6), (key, e["step"])
 
 
+@pytest.mark.slow  # ~15 s quiet: real runs killed and resumed
 def test_a_corrupt_metrics_line_is_refused_unless_asked(tmp_path):
     over = _overrides(tmp_path / "a", tmp_path.parent / "warmstart-cache") + ["steps=2", "ckpt_every=2",
                                                                                 "eval_every=2"]

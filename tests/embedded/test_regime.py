@@ -39,6 +39,7 @@ def _median_k3(cfg):
                              if "rollout_corr/k3_kl" in e["metrics"])
 
 
+@pytest.mark.slow  # ~10 s quiet: two short runs compared
 def test_paper_regime_rolls_out_with_more_mismatch_than_the_default(tmp_path):
     """Median rollout_corr/k3_kl over 3 RL steps of the tests' tiny run (warm start of 150 steps),
     default (INT8, T = 1) / regime=paper (W4A16, T = 1.5), measured on each CPU kind

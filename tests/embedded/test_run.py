@@ -310,6 +310,7 @@ def _cli_overrides(tmp_path, *extra, uri=None):
     ]
 
 
+@pytest.mark.slow  # ~20 s quiet: a run killed with -9 and resumed
 def test_kill_9_then_rerun_resumes_without_lost_or_duplicated_steps(tmp_path, monkeypatch):
     over = _cli_overrides(tmp_path / "a", "steps=10", "ckpt_every=2", "eval_every=5")
     cfg = compose_config(over)
@@ -350,6 +351,7 @@ def test_kill_9_then_rerun_resumes_without_lost_or_duplicated_steps(tmp_path, mo
     assert sorted(m.step for m in hist) == list(range(1, 11))
 
 
+@pytest.mark.slow  # ~12 s quiet: an MLflow server stopped and restarted mid-run
 def test_tracking_outage_loses_nothing_and_resyncs(tmp_path, mlflow_server_uri):
     mlflow_server = mlflow_server_uri
     dead = "http://127.0.0.1:9"  # discard port: nothing listens

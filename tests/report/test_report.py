@@ -217,6 +217,7 @@ def test_uaq_and_throughput_against_jsonl(loaded, cell_runs, sweep_store):
     assert fp8["n"] == 0 and fp8["not_averaged"] == "1 FAILED" and np.isnan(fp8["gen_tokens_per_s"])
 
 
+@pytest.mark.slow  # ~8 s quiet: a sweep's runs and the executed notebook
 def test_cli_report_on_the_sweep(sweep_store, tmp_path):
     """Subprocess smoke: `suite report SWEEP_FILE` writes everything and logs it to the parent run."""
     out = tmp_path / "report"

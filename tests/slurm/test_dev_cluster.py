@@ -222,6 +222,7 @@ def accounting_history(cluster, job_id: str) -> list[str]:
     return out.split()
 
 
+@pytest.mark.slow  # ~15 s quiet: a job preempted and requeued on the dev cluster
 def test_requeued_checkpointable_jobs_resume(slurm_cluster, tmp_path):
     """Both ways a running job gets requeued, side by side (they overlap to halve the wait:
     a requeued job may start again only after cred_expire=10 s).

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from _sweep_helpers import TINY, child_env, write_sweep
@@ -40,6 +41,7 @@ def test_dry_run_prints_matrix_and_submits_nothing(tmp_path, sweep_env):
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.slow  # ~25 s quiet: a sweep killed mid-run and re-run
 def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep_env):
     """Kill `suite sweep` and its jobs (SIGKILL to the process group) once a cell is done and
     another is part-way; the re-run skips the done cell, resumes the other from its checkpoint

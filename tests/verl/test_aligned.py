@@ -227,6 +227,7 @@ def test_install_swaps_verls_fsdp_engines(registry, gloo_group, tiny_qwen2, monk
         assert torch.equal(ref(tokens).logits, plain(tokens).logits)
 
 
+@pytest.mark.slow  # ~15 s quiet: a fresh process imports verl
 def test_import_verl_installs_through_the_plugin_entry_point():
     """In a fresh process, ``import verl`` with SUITE_ALIGNED_FORWARD set (as the translator sets it
     in every Ray worker) swaps the engines; without it verl's own engines stay."""
