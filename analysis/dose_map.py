@@ -197,7 +197,7 @@ def figure(runs: pd.DataFrame, pairs: pd.DataFrame, out: Path) -> Path:
         g = g.sort_values("k3_kl_mean")
         ax.plot(g["k3_kl_mean"], g["clipfrac_mean"] * 100, marker="o", label=mov)
     ax.set_xscale("log")
-    ax.set_yscale("log")
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("k3 KL")
     ax.set_ylabel("bypass: PPO clip fraction (%)")
     ax.set_title("bypass's clip rate against dose", fontsize=10)
