@@ -92,9 +92,10 @@ def load(tracking_uri: str, experiment: str = EXPERIMENT) -> pd.DataFrame:
         channels = int(_get(cfg, "quant.outlier_channels", 4))
         mb, ep = int(_get(cfg, "train.minibatches", 2)), int(_get(cfg, "train.epochs", 1))
         lr = float(r["lr"])
-        info = client.get_run(r["mlflow_run_id"]).info
+        run = client.get_run(r["mlflow_run_id"])
+        info = run.info
         rows.append({**{c: r.get(c, np.nan) for c in COLUMNS},
-                     "cpu_flags": client.get_run(r["mlflow_run_id"]).data.tags.get("cpu_flags", "unknown"),
+                     "cpu_flags": run.data.tags.get("cpu_flags", "unknown"),
                      "dose": dose_label(r["precision"], alpha, channels), "outlier_alpha": alpha,
                      "outlier_channels": channels, "movement": movement_label(mb, ep, lr), "minibatches": mb,
                      "epochs": ep, "lr": lr, "wall_s": (info.end_time - info.start_time) / 1e3})

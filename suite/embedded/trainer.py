@@ -18,7 +18,6 @@ All math is `suite.core`; this module only moves tensors between the parts.
 from __future__ import annotations
 
 import functools
-
 import json
 import os
 import random
@@ -287,8 +286,8 @@ class EmbeddedRun:
         n_naive, n_tis = naive.norm(), tis.norm()
         if n_naive == 0 or n_tis == 0:  # every group tied (all advantages 0): no direction to compare
             return
-        metrics["actor/grad_probe_cos"] = (naive @ tis / (n_naive * n_tis).clamp_min(1e-30)).item()
-        metrics["actor/grad_probe_norm_ratio"] = (n_tis / n_naive.clamp_min(1e-30)).item()
+        metrics["actor/grad_probe_cos"] = (naive @ tis / (n_naive * n_tis)).item()
+        metrics["actor/grad_probe_norm_ratio"] = (n_tis / n_naive).item()
 
     def _update(self, b: Batch, advantages, returns, old_values, prox_logp, ref_logp, metrics: dict) -> None:
         N = b.tokens.shape[0]

@@ -29,6 +29,15 @@ MECHANISM_MEANS = {
 }
 
 
+def _first_last(history: pd.DataFrame, col: str):
+    """(first, last) logged value of `col` per run, by step, over the rows where it is set; (nan,
+    nan) when the history has no such column."""
+    if col not in history.columns:
+        return np.nan, np.nan
+    g = history.dropna(subset=[col]).sort_values("step").groupby("mlflow_run_id")[col]
+    return g.first(), g.last()
+
+
 def summarize(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     """Per-run summaries of the history, added as columns of `runs` (pure):
 
@@ -74,17 +83,11 @@ def summarize(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
         new["last_step"] = g["step"].max()
         new["acc0"] = h[h["step"] == 0].set_index("mlflow_run_id")[ACC]
         new["acc_max"] = g[ACC].max()
-        copy = h.dropna(subset=[ACC_ROLLOUT]).sort_values("step").groupby("mlflow_run_id")[ACC_ROLLOUT] \
-            if ACC_ROLLOUT in h.columns else None
         new["acc_rollout0"] = h[h["step"] == 0].set_index("mlflow_run_id")[ACC_ROLLOUT] \
             if ACC_ROLLOUT in h.columns else np.nan
-        new["acc_rollout_final"] = copy.last() if copy is not None else np.nan
+        new["acc_rollout_final"] = _first_last(h, ACC_ROLLOUT)[1]
         rl = h[h["step"] >= 1]
-        if "rollout_corr/kl" in rl.columns:
-            kl = rl.dropna(subset=["rollout_corr/kl"]).sort_values("step").groupby("mlflow_run_id")["rollout_corr/kl"]
-            new["kl_first"], new["kl_last"] = kl.first(), kl.last()
-        else:
-            new["kl_first"] = new["kl_last"] = np.nan
+        new["kl_first"], new["kl_last"] = _first_last(rl, "rollout_corr/kl")
         grl = rl.groupby("mlflow_run_id")
         for col, key in means.items():
             new[col] = grl[key].mean() if key in rl.columns else np.nan

@@ -126,6 +126,11 @@ DEFAULT_OUT_DIR = "runs"
 _PLAIN = re.compile(r"^[A-Za-z0-9_./~+@%:-]+$")  # an override value Hydra reads as this very string
 
 
+def state_dir_of(out_dir: str, name: str) -> str:
+    """Where sweep `name` keeps its state: `<out_dir>/_sweeps/<name>`, absolute."""
+    return os.path.join(os.path.abspath(os.path.expanduser(out_dir)), "_sweeps", name)
+
+
 def out_dir_of(overrides: list[str]) -> Optional[str]:
     """A cell's out_dir read from its overrides, without composing; None when an override of it
     is not a plain value (quotes, an interpolation, a delete): then only composing knows."""
@@ -444,7 +449,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
         if bad:
             raise SweepError(f"{path}: cell {bad[0]}: resources.nodes={nodes}: the embedded backend runs on one "
                              f"node; multi-node profiles are for backend=verl")
-    state_dir = os.path.join(os.path.abspath(os.path.expanduser(first.out_dir)), "_sweeps", name)
+    state_dir = state_dir_of(first.out_dir, name)
     return Sweep(name=name, path=path, text=text, description=description, launcher=launcher,
                  resources=resources, profile=profile, profile_path=profile_path, axis_keys=keys,
                  cli_overrides=list(overrides), cells=cells, state_dir=state_dir,
@@ -459,7 +464,7 @@ def _recorded_sweep(name: str, text: str, overrides: list[str], first_overrides:
         from suite.config import compose_config
 
         out_dir = compose_config(first_overrides).out_dir
-    state_dir = os.path.join(os.path.abspath(os.path.expanduser(out_dir)), "_sweeps", name)
+    state_dir = state_dir_of(out_dir, name)
     found = read_record(state_dir)
     if found is None:
         return None

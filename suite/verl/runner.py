@@ -201,10 +201,11 @@ def read_summary(tracking_uri: str, mlflow_run_id: str) -> dict:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
-    found = [(m, k) for k in client.get_run(mlflow_run_id).data.metrics if (m := _MEAN_AT.match(k))]
+    logged = client.get_run(mlflow_run_id).data.metrics
+    found = [(m, k) for k in logged if (m := _MEAN_AT.match(k))]
     if not found:
         raise RuntimeError(f"MLflow run {mlflow_run_id} has no val-core/*/acc|reward/mean_at_N metric "
-                           f"(keys: {sorted(client.get_run(mlflow_run_id).data.metrics)})")
+                           f"(keys: {sorted(logged)})")
     n = max(int(m["n"]) for m, _ in found)
     at_n = [(m, k) for m, k in found if int(m["n"]) == n]
     acc = sorted(k for m, k in at_n if m["var"] == "acc") or sorted(k for m, k in at_n if m["var"] == "reward")
@@ -218,7 +219,7 @@ def read_summary(tracking_uri: str, mlflow_run_id: str) -> dict:
     out = {"baseline_acc": base, "final_acc": final, "delta_acc": final - base, "steps": max(v[2] for v in vals),
            "metric_keys": acc, "val_n": n, "mlflow_run_id": mlflow_run_id}
     best = [k.replace(f"/mean_at_{n}", f"/best_at_{n}/mean") for k in acc]
-    if n > 1 and all(b in client.get_run(mlflow_run_id).data.metrics for b in best):
+    if n > 1 and all(b in logged for b in best):
         out["final_pass_at_n"] = sum(first_last(b)[1] for b in best) / len(best)
     return out
 
