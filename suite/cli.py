@@ -181,6 +181,7 @@ _PLUGINS: tuple[str, ...] = (
     "suite.tune.cli",
     "suite.bench",
     "suite.report.cli",
+    "suite.verl.data",
 )
 
 

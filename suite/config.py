@@ -23,7 +23,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from suite import regimes
+from suite import recipes, regimes
 from suite.backend import BACKENDS as _BACKEND_PACKAGES
 # overrides: parsed and type-checked before and after composing (re-exported: the config's API)
 from suite.overrides import ConfigError, check_override_types, parse_overrides  # noqa: F401
@@ -216,6 +216,8 @@ class Config:
             {"quant": "int8"},
             {"correction": "acr"},
             {"algo": "grpo"},
+            # a paper experiment's model, data and hyper-parameters (suite.recipes); laptop = the above
+            {"recipe": "laptop"},
             # optional preset over the choices above (suite.regimes); none by default
             {"regime": None},
         ]
@@ -253,6 +255,7 @@ def _register() -> None:
     for mode in CORRECTIONS:
         cs.store(group="correction", name=mode, node=CorrectionConfig(mode=mode))
     regimes.register(cs)
+    recipes.register(cs)
     cs.store(group="algo", name="grpo", node=AlgoConfig(name="grpo"))
     # PPO: token-level GAE with a critic (verl: adv_estimator=gae); G responses per prompt like GRPO,
     # so both see the same rollouts per step and compare at equal cost.

@@ -9,13 +9,14 @@ here reads a composed config (suite.config ``compose_config``), re-exported from
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 
 from omegaconf import DictConfig, OmegaConf
 
 # Keys that change where results go or how fast they arrive, not what is computed: left out of
 # the run id's hash and of the MLflow params (docs/architecture.md, "MLflow experiments and runs").
-NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir")
+NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir", "backend.recipe", "backend.dataset")
 # Keys added after runs were recorded, with the value that computes what those runs computed: left
 # out of the hash and the params while they hold it, so a config composed before they existed keeps
 # its run id (and a report matches its params). A new key whose default changes no numerics goes here.
@@ -26,6 +27,16 @@ OMITTED_AT_DEFAULT = {
     "quant.outlier_channels": 4,
     "task.eval_rollout_copy": False,
     "train.grad_probe_every": 0,
+    # the verl backend's recipe settings (suite.verl.config): verl's own behaviour without them
+    "backend.val_n": 1,
+    "backend.val_top_p": 1.0,
+    "backend.lr_warmup_steps": -1,
+    "backend.use_dynamic_bsz": False,
+    "backend.ppo_max_token_len_per_gpu": 16384,
+    "backend.log_prob_max_token_len_per_gpu": 16384,
+    "backend.gradient_checkpointing": True,
+    "backend.remove_padding": True,
+    "backend.max_ckpt_to_keep": 0,
 }
 
 
@@ -110,15 +121,20 @@ def identity_tags(cfg: DictConfig) -> dict[str, str]:
 
 
 def axes(cfg: DictConfig) -> dict[str, str]:
-    """The experiment axes of a run, as MLflow tags and analysis columns."""
+    """The experiment axes of a run, as MLflow tags and analysis columns. A verl run composed
+    from a recipe names its dataset as the task and its checkpoint directory as the model (the
+    embedded task and model presets do not run there)."""
+    b = cfg.backend
+    dataset = b.get("dataset", "") if b.name != "embedded" else ""
+    model = os.path.basename(os.path.normpath(b.model_path)) if dataset and b.get("model_path") else ""
     return {
-        "backend": cfg.backend.name,
+        "backend": b.name,
         "precision": cfg.quant.precision,
         "correction": cfg.correction.mode,
         "uaq_s": f"{cfg.uaq.s:g}",
         "algo": cfg.algo.name,
-        "task": cfg.task.name,
-        "model": cfg.model.preset,
+        "task": dataset or cfg.task.name,
+        "model": model or cfg.model.preset,
         "aligned_forward": str(bool(cfg.correction.aligned_forward)).lower(),
         "seed": str(cfg.seed),
     }

@@ -200,19 +200,27 @@ def test_new_keys_leave_existing_run_ids_alone():
     from suite.config import compose_config, run_id
     from suite.identity import OMITTED_AT_DEFAULT, semantic_config
 
-    cfg = compose_config([])
-    sem = semantic_config(cfg)
-    for key in OMITTED_AT_DEFAULT:
-        section, leaf = key.split(".", 1)
-        assert leaf not in sem[section], key
-    # a config without the keys at all (as composed before they existed) has the same id
     from omegaconf import OmegaConf
 
-    old = OmegaConf.create(OmegaConf.to_container(cfg))
-    for key in OMITTED_AT_DEFAULT:
-        section, leaf = key.split(".", 1)
-        del old[section][leaf]
-    assert run_id(old) == run_id(cfg)
+    cfg = compose_config([])
+    verl = compose_config(["backend=verl", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"])
+    for c in (cfg, verl):
+        sem = semantic_config(c)
+        present = [k for k in OMITTED_AT_DEFAULT if OmegaConf.select(c, k) is not None]
+        assert len(present) == (len(OMITTED_AT_DEFAULT) if c is verl else
+                                sum(not k.startswith("backend.") for k in OMITTED_AT_DEFAULT))
+        for key in present:
+            section, leaf = key.split(".", 1)
+            assert leaf not in sem[section], key
+        # a config without the keys at all (as composed before they existed) has the same id
+        old = OmegaConf.create(OmegaConf.to_container(c))
+        for key in present:
+            section, leaf = key.split(".", 1)
+            del old[section][leaf]
+        assert run_id(old) == run_id(c)
+    other = compose_config(["backend=verl", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v",
+                            "backend.val_n=32"])
+    assert semantic_config(other)["backend"]["val_n"] == 32 and run_id(other) != run_id(verl)
     dosed = compose_config(["quant.outlier_alpha=16"])
     assert semantic_config(dosed)["quant"]["outlier_alpha"] == 16.0 and run_id(dosed) != run_id(cfg)
     for override, section, leaf in (("task.eval_rollout_copy=true", "task", "eval_rollout_copy"),

@@ -36,6 +36,7 @@ from suite.report.identity import (  # noqa: F401 (SUPERSEDED: a status of the f
     supersede,
 )
 from suite.report.history import read_history
+from suite.tracking.values import held_out_keys
 from suite.report.summaries import ACC, ACC_ROLLOUT, summarize  # noqa: F401 (summarize: part of this module's API)
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ RUN_COLUMNS = (
     "mlflow_run_id", "run_name", "experiment_id", "status", "start_time", "end_time",
     "parent_run_id", "sweep", "cell", "run_id", *AXES, "trainer_dtype", "fp8_granularity", "kernels",
     "bf16_kernels", "kernels_executed", "uaq_group_lr_s", "lr", "steps", "method", "group_key", "config",
+    "acc_metric",
 )
 # Identity columns the step-by-step history carries beside the axes.
 HISTORY_IDENTITY = ("trainer_dtype", "fp8_granularity", "kernels", "bf16_kernels", "uaq_group_lr_s", "steps",
@@ -56,7 +58,7 @@ HISTORY_IDENTITY = ("trainer_dtype", "fp8_granularity", "kernels", "bf16_kernels
 # Text columns of the run frame (read back from runs.csv as text, never as numbers).
 TEXT_COLUMNS = ("mlflow_run_id", "run_name", "experiment_id", "status", "parent_run_id", "sweep", "run_id", "backend",
                 "precision", "correction", "algo", "task", "model", "trainer_dtype", "fp8_granularity", "kernels",
-                "bf16_kernels", "kernels_executed", "method", "group_key", "config")
+                "bf16_kernels", "kernels_executed", "method", "group_key", "config", "acc_metric")
 # Metrics read step by step into `RunData.history` (MLflow names: docs/metrics.md, with `@`
 # sanitized to `_at_`). Held-out accuracy is task specific; `load_runs` adds its keys.
 HISTORY_KEYS = (
@@ -217,7 +219,12 @@ def _run_row(run) -> dict:
     }
     _identity(row, tags, params, logged_before_rename(tags))
     # Latest value of every metric (MLflow: the value at the largest step), for the tables' "final".
-    row[ACC] = _float(run.data.metrics.get(acc_key(row["task"])))
+    # A verl run's data sources are its parquet's (e.g. openai/gsm8k), and its validation may be
+    # mean@N (QuRL's Avg@32): the largest N it logged, mean over its data sources.
+    metrics = run.data.metrics
+    keys = [acc_key(row["task"])] if acc_key(row["task"]) in metrics else held_out_keys(metrics)[1]
+    row["acc_metric"] = ";".join(keys) or acc_key(row["task"])  # the keys `acc` averages
+    row[ACC] = sum(metrics[k] for k in keys) / len(keys) if keys else _float(None)
     return row
 
 
@@ -249,6 +256,8 @@ def coerce_runs(df: pd.DataFrame) -> pd.DataFrame:
         lambda v: v if isinstance(v, bool) else str(v).lower() == "true").astype(bool)
     for col in ("start_time", "end_time"):
         df[col] = pd.to_datetime(df[col], utc=True, errors="coerce")
+    if "acc_metric" not in df:  # frames and runs.csv files written before the column existed
+        df["acc_metric"] = ""
     for col in TEXT_COLUMNS:
         if col == "method":
             continue
@@ -270,14 +279,23 @@ def history_frame(long: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         wide.columns.name = None
     meta = runs[["mlflow_run_id", "status", "method", "lr", *AXES, *HISTORY_IDENTITY]]
     wide = wide.merge(meta, on="mlflow_run_id", how="left")
-    for col, key_of in ((ACC, acc_key), (ACC_ROLLOUT, rollout_acc_key)):
-        acc = np.full(len(wide), np.nan)
-        for task in runs["task"].unique():
-            key = key_of(task)
-            if key in wide.columns:
-                sel = (wide["task"] == task).to_numpy()
-                acc[sel] = wide.loc[sel, key].to_numpy(dtype=float)
-        wide[col] = acc
+    acc = np.full(len(wide), np.nan)
+    # the keys each run's `acc` averages (its own task's mean@1 where the column is empty)
+    metric_of = {r: m or acc_key(t) for r, m, t in zip(runs["mlflow_run_id"], runs.get("acc_metric", ""), runs["task"])}
+    run_metric = wide["mlflow_run_id"].map(metric_of).fillna("")
+    for metric in run_metric.unique():
+        keys = [k for k in str(metric).split(";") if k]
+        if keys and all(k in wide.columns for k in keys):
+            sel = (run_metric == metric).to_numpy()
+            acc[sel] = wide.loc[sel, keys].to_numpy(dtype=float).mean(axis=1)
+    wide[ACC] = acc
+    acc = np.full(len(wide), np.nan)
+    for task in runs["task"].unique():
+        key = rollout_acc_key(task)
+        if key in wide.columns:
+            sel = (wide["task"] == task).to_numpy()
+            acc[sel] = wide.loc[sel, key].to_numpy(dtype=float)
+    wide[ACC_ROLLOUT] = acc
     wide["step"] = wide["step"].astype(int)
     lead = ["mlflow_run_id", "step", "status", "method", "lr", *AXES, *HISTORY_IDENTITY, ACC, ACC_ROLLOUT]
     rest = sorted(c for c in wide.columns if c not in lead)
@@ -327,7 +345,8 @@ def load_runs(
     _progress(f"{len(mruns)} runs found in {t_search:.1f} s ({tracking_uri})", quiet)
     runs = runs_frame(mruns)
     tasks = [t for t in runs["task"].unique() if t]
-    keys = list(history_keys) + sorted({acc_key(t) for t in tasks} | {rollout_acc_key(t) for t in tasks})
+    acc_keys = {k for m in runs["acc_metric"].dropna() for k in str(m).split(";") if k}
+    keys = list(history_keys) + sorted(acc_keys | {acc_key(t) for t in tasks} | {rollout_acc_key(t) for t in tasks})
     t1 = time.perf_counter()
     long, used = read_history(client, runs["mlflow_run_id"].tolist(), keys, source=history_source)
     t_hist = time.perf_counter() - t1

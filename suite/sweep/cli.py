@@ -64,6 +64,11 @@ def print_matrix(sweep, stream=None) -> None:
     launcher = sweep.launcher.name + (f" (profile {sweep.launcher.profile})" if sweep.launcher.name == "slurm" else "")
     print(f"sweep {sweep.name}: {len(sweep.cells)} cells, launcher {launcher}, "
           f"at most {sweep.launcher.max_parallel} at once; state {sweep.state_dir}", file=stream)
+    if sweep.resources_note:
+        from dataclasses import asdict
+
+        shown = ", ".join(f"{k}={v}" for k, v in asdict(sweep.resources).items() if v is not None)
+        print(f"{sweep.resources_note}: {shown or 'the profile as is'}", file=stream)
     print(fmt.format(*header), file=stream)
     for c, r in zip(sweep.cells, rows):
         print(fmt.format(*r), file=stream)

@@ -164,6 +164,8 @@ class Sweep:
     # `suite status`: how the cells shown relate to the file as it is now ("" = composed here, or
     # recorded by a launch of this very file and overrides)
     launch_note: str = ""
+    # where the per-job resources came from, when not simply the file's over the profile's (verl cells)
+    resources_note: str = ""
 
     def matrix_rows(self) -> list[dict[str, str]]:
         rows = []
@@ -364,12 +366,14 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     if launcher.max_requeue < 0:
         raise SweepError(f"{path}: launcher.max_requeue must be >= 0")
     resources_data = data.get("resources")
+    cli_resource_values = {k: _yaml_scalar(v) for k, v in cli_resources.items()}
     if isinstance(resources_data, dict) or resources_data is None:
-        resources_data = {**(resources_data or {}), **{k: _yaml_scalar(v) for k, v in cli_resources.items()}}
+        resources_data = {**(resources_data or {}), **cli_resource_values}
     resources = typed(f"{path}: resources", Resources, resources_data)
     check_positive(f"{path}: resources", resources, ("timeout_min", "nodes", "cpus_per_task", "mem_gb"))
     if resources.gpus_per_node is not None and resources.gpus_per_node < 0:
         raise SweepError(f"{path}: resources.gpus_per_node must be >= 0")
+    cli_only = typed(f"{path}: resources", Resources, cli_resource_values)
     profile = profile_path = None
     if launcher.name == "slurm":
         try:
@@ -418,6 +422,11 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
         shown = " ".join(axis_lines) or "(base only)"
         try:
             cfg = composer.compose(ov)
+            if profile is not None and cfg.backend.name == "verl":
+                shape = _cluster_shape(ov, cfg, resources, profile, launcher.profile)
+                if shape:
+                    ov = ov + shape
+                    cfg = composer.compose(ov)
         except (ConfigError, HydraException, OmegaConfBaseException, ValueError) as exc:
             msg = str(exc)
             if exc.__cause__ is not None and str(exc.__cause__) not in msg:
@@ -449,11 +458,61 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
         if bad:
             raise SweepError(f"{path}: cell {bad[0]}: resources.nodes={nodes}: the embedded backend runs on one "
                              f"node; multi-node profiles are for backend=verl")
+    resources_note = ""
+    if profile is not None and any(c.cfg.backend.name == "verl" for c in cells):
+        resources, resources_note = _verl_resources(cells, cli_only, launcher.profile,
+                                                    file_has_resources=bool(data.get("resources")))
     state_dir = state_dir_of(first.out_dir, name)
     return Sweep(name=name, path=path, text=text, description=description, launcher=launcher,
                  resources=resources, profile=profile, profile_path=profile_path, axis_keys=keys,
                  cli_overrides=list(overrides), cells=cells, state_dir=state_dir,
-                 tracking_uri=first.tracking.tracking_uri, experiment=first.tracking.experiment)
+                 tracking_uri=first.tracking.tracking_uri, experiment=first.tracking.experiment,
+                 resources_note=resources_note)
+
+
+def _cluster_shape(ov: list[str], cfg, resources: Resources, profile: SlurmProfile, profile_name: str) -> list[str]:
+    """The overrides that make a verl cell's Ray cluster the SLURM job's: ``backend.nnodes`` and
+    ``backend.n_gpus_per_node`` follow the cluster profile (and ``resources.nodes`` /
+    ``resources.gpus_per_node``); a cell that sets either to another value is refused, naming both."""
+    from suite.config import ConfigError
+
+    nodes = resources.nodes or profile.nodes
+    gpus = resources.gpus_per_node if resources.gpus_per_node is not None else profile.gpus_per_node
+    if cfg.backend.device == "cuda" and not gpus:
+        raise ConfigError(f"cluster={profile_name} has no GPUs (gpus_per_node=0): backend=verl with "
+                          f"backend.device=cuda needs a GPU profile, e.g. cluster=h100x8")
+    out = []
+    for key, want in (("backend.nnodes", nodes), ("backend.n_gpus_per_node", gpus)):
+        given = [o for o in ov if override_key(o) == key]
+        if given and int(cfg.backend[key.split(".")[1]]) != int(want):
+            raise ConfigError(f"{given[-1]} contradicts cluster={profile_name} ({want}): the verl run's Ray "
+                              f"cluster is the SLURM job's; drop {key} or choose a profile that has {key}={want}")
+        if not given and want and int(cfg.backend[key.split(".")[1]]) != int(want):
+            out.append(f"{key}={int(want)}")
+    return out
+
+
+def _verl_resources(cells: list, cli: Resources, profile_name: str, file_has_resources: bool) -> tuple[Resources, str]:
+    """A sweep of verl cells on SLURM: per-job resources are the cluster profile's, then the
+    recipe's (the largest over the cells), then the command line's ``resources.*``. The sweep
+    file's own ``resources:`` are not used: they size the laptop's embedded cells, and a GPU job
+    sized by them (2 CPUs, 60 minutes) would starve verl's workers and never reach a checkpoint."""
+    from suite.recipes import recipe_slurm
+
+    merged: dict[str, Any] = {}
+    names = sorted({c.cfg.backend.recipe for c in cells if c.cfg.backend.name == "verl" and c.cfg.backend.recipe})
+    for name in names:
+        for key, value in recipe_slurm(name).items():
+            merged[key] = max(merged.get(key, value), value)
+    for key, value in asdict(cli).items():
+        if value is not None:
+            merged[key] = value
+    parts = [f"profile {profile_name}"] + [f"recipe {n}" for n in names] + (["the command line"] if any(
+        v is not None for v in asdict(cli).values()) else [])
+    note = "resources: " + ", then ".join(parts)
+    if file_has_resources:
+        note += " (the sweep file's resources: size embedded cells and are not used for verl cells)"
+    return Resources(**{k: merged.get(k) for k in asdict(Resources())}), note
 
 
 def _recorded_sweep(name: str, text: str, overrides: list[str], first_overrides: list[str], shell) -> Optional[Sweep]:

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from suite.config import BackendConfig, check_choice, check_number, check_text, register_backend
 from suite.overrides import check
+from suite.recipes import RECIPES
 from suite.verl.rollout_quant import VERL_PRECISIONS, VERL_ROLLOUTS, vllm_cpu_precisions
 
 VERL_DEVICES = ("cuda", "cpu")  # backend.device: the vLLM build (GPU, or vLLM's CPU build)
@@ -46,6 +47,19 @@ class VerlBackendConfig(BackendConfig):
     max_num_batched_tokens: int = 8192  # vLLM scheduler token budget per step (tokens)
     ray_port: int = 6379  # Ray head GCS port on the first node
     python: str = "python3"  # interpreter that runs verl.trainer.main_ppo on the head node
+    # The settings below came with the paper recipes (suite.recipes); their defaults are what verl
+    # 0.9.1 does when the key is not given, so a run composed before they existed keeps its id.
+    recipe: str = ""  # the recipe this run was composed with (set by `recipe=NAME`; a label)
+    dataset: str = ""  # the training data's name (e.g. gsm8k): names the run instead of task.name (a label)
+    val_n: int = 1  # validation samples per prompt: verl logs mean@val_n (Avg@32: 32)
+    val_top_p: float = 1.0  # validation nucleus mass (temperature: rollout.eval_temperature)
+    lr_warmup_steps: int = -1  # actor lr warm-up steps (-1: verl's lr_warmup_steps_ratio, 0)
+    use_dynamic_bsz: bool = False  # pack micro-batches by tokens instead of micro_batch_size_per_gpu
+    ppo_max_token_len_per_gpu: int = 16384  # token budget of one update micro-batch (dynamic batches)
+    log_prob_max_token_len_per_gpu: int = 16384  # token budget of one log-prob micro-batch (dynamic batches)
+    gradient_checkpointing: bool = True  # activation checkpointing in the actor (and critic)
+    remove_padding: bool = True  # verl's padding-free (packed) forward
+    max_ckpt_to_keep: int = 0  # checkpoints kept per run (actor and critic); 0 = all (verl's default)
     extra_overrides: List[str] = field(default_factory=list)  # verl Hydra overrides appended verbatim (last wins)
 
 
@@ -97,8 +111,20 @@ def validate_verl(cfg: DictConfig) -> None:
         cfg.task.eval_samples == 0,
         "task.eval_samples",
         "is embedded only: verl validates with one sampling setting (its mean@n replaces the greedy mean@1); "
-        "set actor_rollout_ref.rollout.val_kwargs.n / do_sample / temperature in backend.extra_overrides instead. "
-        "allowed: 0",
+        "set backend.val_n, rollout.eval_temperature and backend.val_top_p instead. allowed: 0",
+    )
+    check(
+        not (cfg.algo.dynamic_sampling and b.device == "cpu"),
+        "algo.dynamic_sampling",
+        "DAPO's dynamic sampling runs in verl's v1 trainer only, and backend.device=cpu runs its legacy trainer, "
+        "which ignores algorithm.filter_groups; allowed with backend.device=cpu: false",
+    )
+    legacy = [x for x in override_values(b, "trainer.use_v1") if x.strip().lower() == "false"]
+    check(
+        not (cfg.algo.dynamic_sampling and legacy),
+        "backend.extra_overrides",
+        "sets trainer.use_v1=false: verl's legacy trainer ignores algorithm.filter_groups, so "
+        "algo.dynamic_sampling=true would silently not run; drop the override",
     )
     if cfg.correction.aligned_forward:
         strategies = override_values(b, "actor_rollout_ref.actor.strategy")
@@ -117,8 +143,21 @@ def validate_verl(cfg: DictConfig) -> None:
             "quantizes the base weights while the rollout quantizes base + LoRA merged: allowed with "
             "correction.aligned_forward=true: 0",
         )
+    recipe = RECIPES.get(b.recipe)
+    if recipe is not None and "algo" in recipe.groups:
+        check(cfg.algo.name == recipe.groups["algo"], "algo",
+              f"recipe={b.recipe} is an algo={recipe.groups['algo']} experiment ({recipe.description}); this run "
+              f"sets algo={cfg.algo.name}: leave algo to the recipe (experiments/paper_tables.yaml has no algo axis)")
     for key in ("model_path", "train_files", "val_files"):
-        check(bool(b[key]), f"backend.{key}", "required with backend=verl (a local path on the compute nodes)")
+        hint = ""
+        if recipe is not None and key == "model_path" and recipe.model:
+            hint = f"; recipe={b.recipe} trains {recipe.model}"
+        elif recipe is not None and key == "train_files" and recipe.train_data:
+            hint = f"; recipe={b.recipe}: `suite data prepare {recipe.train_data} --src FILE --out DIR`"
+        elif recipe is not None and key == "val_files" and recipe.val_data:
+            names = ", ".join(recipe.val_data)
+            hint = f"; recipe={b.recipe}: `suite data prepare NAME --src FILE --out DIR` for {names}"
+        check(bool(b[key]), f"backend.{key}", f"required with backend=verl (a local path on the compute nodes){hint}")
     check(b.nnodes >= 1, "backend.nnodes", "must be >= 1")
     check(b.n_gpus_per_node >= 1, "backend.n_gpus_per_node", "must be >= 1")
     check(b.max_prompt_length >= 1, "backend.max_prompt_length", "must be >= 1")
@@ -131,6 +170,16 @@ def validate_verl(cfg: DictConfig) -> None:
         f"must be >= 1 and divide backend.n_gpus_per_node={b.n_gpus_per_node}, got {tp}",
     )
     check_number(cfg, "backend.gpu_memory_utilization", 0, 1, lo_open=True)
+    check(b.val_n >= 1, "backend.val_n", "must be >= 1")
+    check_number(cfg, "backend.val_top_p", 0, 1, lo_open=True)
+    check(b.lr_warmup_steps >= -1, "backend.lr_warmup_steps", "must be >= 0, or -1 for verl's default")
+    check(b.max_ckpt_to_keep >= 0, "backend.max_ckpt_to_keep", "must be >= 0 (0 keeps all)")
+    if b.use_dynamic_bsz:
+        longest = b.max_prompt_length + cfg.rollout.max_new_tokens
+        for key in ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
+            check(b[key] >= longest, f"backend.{key}",
+                  f"must hold one whole sequence with backend.use_dynamic_bsz=true: >= backend.max_prompt_length + "
+                  f"rollout.max_new_tokens = {longest}, got {b[key]}")
     check_number(cfg, "backend.ray_port", 1, 65535)
     check_text(cfg, "backend.python")
     for i, o in enumerate(b.extra_overrides):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from omegaconf import DictConfig
 from suite.tracking.lock import run_lock
 from suite.tracking.rundir import RUN_FILE, SUMMARY_FILE
 from suite.tracking.rundir import VERL_LOG_FILE as LOG_FILE
+from suite.tracking.values import held_out_keys
 from suite.verl.translate import loss_env, uaq_model_dir, verl_command
 
 JOIN_TIMEOUT_S = 600  # how long the head waits for all Ray workers to join (s)
@@ -160,9 +160,10 @@ def _execute(argv: list[str], log_path: str, env: Mapping[str, str]) -> int:
         return p.wait()
 
 
-def _prepare_model(cfg: DictConfig, log=print) -> str:
-    """The model directory verl loads: the UAQ copy (made once, shared by runs) when uaq.s != 1."""
-    src, dst = os.path.normpath(cfg.backend.model_path), uaq_model_dir(cfg)
+def _prepare_model(cfg: DictConfig, run_dir: str, log=print) -> str:
+    """The model directory verl loads: the UAQ copy in the run's directory (made once, kept for
+    a resume) when uaq.s != 1."""
+    src, dst = os.path.normpath(cfg.backend.model_path), uaq_model_dir(cfg, run_dir)
     if dst == src or os.path.isfile(os.path.join(dst, "uaq.json")):
         return dst
     from suite.verl.hf_uaq import transform
@@ -186,9 +187,6 @@ def _mlflow_run(cfg: DictConfig, run_dir: str) -> str:
     return rid
 
 
-_MEAN_AT = re.compile(r"^val-core/(?P<source>.+)/(?P<var>acc|reward)/mean_at_(?P<n>\d+)$")
-
-
 def read_summary(tracking_uri: str, mlflow_run_id: str) -> dict:
     """Held-out accuracy at the first and last evaluation from verl's MLflow metrics.
 
@@ -202,13 +200,10 @@ def read_summary(tracking_uri: str, mlflow_run_id: str) -> dict:
 
     client = MlflowClient(tracking_uri)
     logged = client.get_run(mlflow_run_id).data.metrics
-    found = [(m, k) for k in logged if (m := _MEAN_AT.match(k))]
-    if not found:
+    n, acc = held_out_keys(logged)
+    if not acc:
         raise RuntimeError(f"MLflow run {mlflow_run_id} has no val-core/*/acc|reward/mean_at_N metric "
                            f"(keys: {sorted(logged)})")
-    n = max(int(m["n"]) for m, _ in found)
-    at_n = [(m, k) for m, k in found if int(m["n"]) == n]
-    acc = sorted(k for m, k in at_n if m["var"] == "acc") or sorted(k for m, k in at_n if m["var"] == "reward")
 
     def first_last(key: str) -> tuple[float, float, int]:
         hist = sorted(client.get_metric_history(mlflow_run_id, key), key=lambda m: (m.step, m.timestamp))
@@ -296,7 +291,7 @@ def _run_head(cfg: DictConfig, run_dir: str, alloc: Allocation, env: Mapping[str
         with open(summary_path) as fh:
             return {**json.load(fh), "already_finished": True}
     nnodes = int(cfg.backend.nnodes)
-    _prepare_model(cfg)
+    _prepare_model(cfg, run_dir)
     rid = _mlflow_run(cfg, run_dir)
     if nnodes > 1:
         _write(script, node_script(cfg, run_dir, alloc, rid))

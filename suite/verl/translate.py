@@ -70,20 +70,24 @@ def _f(x: float) -> str:
     return repr(float(x))
 
 
+def _b(x: bool) -> str:
+    return str(bool(x)).lower()
+
+
 def _files(value: str) -> str:
     paths = [p.strip() for p in value.split(",") if p.strip()]
     return "[" + ",".join(_q(p) for p in paths) + "]"
 
 
-def uaq_model_dir(cfg: DictConfig) -> str:
-    """Where the UAQ-transformed model lives: a sibling of ``backend.model_path`` (shared by runs).
+def uaq_model_dir(cfg: DictConfig, run_dir: str | None = None) -> str:
+    """Where the UAQ-transformed model lives: ``<run_dir>/model-uaq-s<s>``, inside the run's own
+    directory, so a read-only models directory works and removing a run removes its copy.
 
     With ``uaq.s == 1`` the original directory is used as is.
     """
-    path = os.path.normpath(cfg.backend.model_path)
     if cfg.uaq.s == 1.0:
-        return path
-    return f"{path}-uaq-s{cfg.uaq.s:g}"
+        return os.path.normpath(cfg.backend.model_path)
+    return os.path.join(os.path.abspath(run_dir or default_run_dir(cfg)), f"model-uaq-s{cfg.uaq.s:g}")
 
 
 def loss_env(cfg: DictConfig) -> dict[str, str]:
@@ -128,7 +132,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         raise ValueError(f"backend.name={cfg.backend.name!r}: verl overrides need backend=verl")
     b, a, r, c, t = cfg.backend, cfg.algo, cfg.rollout, cfg.correction, cfg.train
     algo, mode, precision = a.name, c.mode, cfg.quant.precision
-    model = uaq_model_dir(cfg)
+    model = uaq_model_dir(cfg, run_dir)
     experiment, run_name = mlflow_names(cfg)
     ar = "actor_rollout_ref"
     o: list[str] = [
@@ -149,14 +153,19 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"data.seed={cfg.seed}",
         # model (UAQ-transformed copy when uaq.s != 1)
         f"{ar}.model.path={_q(model)}",
+        f"{ar}.model.enable_gradient_checkpointing={_b(b.gradient_checkpointing)}",
+        f"{ar}.model.use_remove_padding={_b(b.remove_padding)}",
         # actor
         f"{ar}.actor.optim.lr={_f(t.lr)}",
         f"{ar}.actor.optim.weight_decay={_f(t.weight_decay)}",
         f"{ar}.actor.optim.betas=[{_f(t.betas[0])},{_f(t.betas[1])}]",
         f"{ar}.actor.optim.clip_grad={_f(t.grad_clip)}",
+        f"{ar}.actor.optim.lr_warmup_steps={b.lr_warmup_steps}",
         f"{ar}.actor.ppo_epochs={t.epochs}",
         f"{ar}.actor.ppo_mini_batch_size={r.prompts_per_step // t.minibatches}",
         f"{ar}.actor.ppo_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
+        f"{ar}.actor.use_dynamic_bsz={_b(b.use_dynamic_bsz)}",
+        f"{ar}.actor.ppo_max_token_len_per_gpu={b.ppo_max_token_len_per_gpu}",
         f"{ar}.actor.clip_ratio_low={_f(a.clip_low)}",
         f"{ar}.actor.clip_ratio_high={_f(a.clip_high)}",
         f"{ar}.actor.clip_ratio_c={_f(a.dual_clip if a.dual_clip is not None else DUAL_CLIP_OFF)}",
@@ -177,10 +186,14 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"{ar}.rollout.gpu_memory_utilization={_f(b.gpu_memory_utilization)}",
         f"{ar}.rollout.max_num_batched_tokens={b.max_num_batched_tokens}",
         f"{ar}.rollout.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
+        f"{ar}.rollout.log_prob_max_token_len_per_gpu={b.log_prob_max_token_len_per_gpu}",
         f"{ar}.rollout.val_kwargs.temperature={_f(r.eval_temperature)}",
         f"{ar}.rollout.val_kwargs.do_sample={str(r.eval_temperature > 0).lower()}",
+        f"{ar}.rollout.val_kwargs.n={b.val_n}",
+        f"{ar}.rollout.val_kwargs.top_p={_f(b.val_top_p)}",
         f"{ar}.rollout.seed={cfg.seed}",
         f"{ar}.ref.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
+        f"{ar}.ref.log_prob_max_token_len_per_gpu={b.log_prob_max_token_len_per_gpu}",
     ]
     # precision (suite.verl.rollout_quant)
     for key, value in VERL_ROLLOUTS[precision].overrides:
@@ -205,6 +218,9 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
             f"critic.optim.lr={_f(a.critic_lr)}",
             f"critic.cliprange_value={_f(a.value_clip)}",
             f"critic.ppo_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
+            f"critic.ppo_max_token_len_per_gpu={b.ppo_max_token_len_per_gpu}",
+            f"critic.model.enable_gradient_checkpointing={_b(b.gradient_checkpointing)}",
+            f"critic.model.use_remove_padding={_b(b.remove_padding)}",
         ]
     if a.dynamic_sampling:
         o += [
@@ -235,6 +251,8 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"trainer.save_freq={cfg.ckpt_every}",
         "trainer.val_before_train=true",
         "trainer.resume_mode=auto",
+        f"trainer.max_actor_ckpt_to_keep={b.max_ckpt_to_keep or 'null'}",
+        f"trainer.max_critic_ckpt_to_keep={b.max_ckpt_to_keep or 'null'}",
         f"trainer.nnodes={b.nnodes}",
         f"trainer.n_gpus_per_node={b.n_gpus_per_node}",
         "trainer.logger=[console,mlflow]",

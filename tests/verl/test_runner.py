@@ -8,6 +8,7 @@ a test double for the GPU job only; the MLflow store, UAQ copy and scripts are r
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 
@@ -92,10 +93,12 @@ def test_run_single_node_end_to_end(verl_cfg, tmp_path):
     assert summary["baseline_acc"] == 0.25 and summary["final_acc"] == 0.625 and summary["delta_acc"] == 0.375
     assert summary["already_finished"] is False and summary["metric_keys"] == ["val-core/gsm8k/acc/mean_at_1"]
     assert seen["argv"] == verl_command(cfg, run_dir)
-    assert f"actor_rollout_ref.model.path={uaq_model_dir(cfg)}" in seen["argv"]
+    # the UAQ copy lives in the run's own directory (a read-only models directory works)
+    assert uaq_model_dir(cfg, run_dir) == os.path.join(run_dir, "model-uaq-s1.5")
+    assert f"actor_rollout_ref.model.path={uaq_model_dir(cfg, run_dir)}" in seen["argv"]
     assert json.loads((tmp_path / "runs" / "cell0" / "summary.json").read_text())["final_acc"] == 0.625
     # the UAQ copy was made (and verified) before launch
-    with open(f"{uaq_model_dir(cfg)}/uaq.json") as fh:
+    with open(f"{uaq_model_dir(cfg, run_dir)}/uaq.json") as fh:
         uaq_meta = json.load(fh)
     assert uaq_meta["s"] == 1.5 and uaq_meta["max_rel_logit_diff"] < 1e-5
     # the MLflow run verl logged into carries the axes, the sweep tag and the parent

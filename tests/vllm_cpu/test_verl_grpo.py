@@ -91,7 +91,7 @@ def test_verl_grpo_two_steps_on_vllm_cpu(tmp_path):
                            "import sys; from suite.cli import main; sys.argv[0] = 'suite'; main()",
                            *args], cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:] + _root_cause(tmp_path / "runs")
     client = mlflow.tracking.MlflowClient(uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
@@ -107,6 +107,17 @@ def test_verl_grpo_two_steps_on_vllm_cpu(tmp_path):
         f"{k} {r.data.metrics[k]:.3g}" for k in ("timing_s/step", "timing_s/update_weights", "rollout_corr/kl",
                                                   "actor/acr_relaxed_frac")))
 
+
+
+def _root_cause(runs) -> str:
+    """The first error verl's log holds (a dead vLLM engine's own traceback comes long before
+    the driver's last lines), so a failure in CI says why the engine died."""
+    for log in sorted(runs.glob("*/verl.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            if any(m in line for m in ("Traceback", "Error", "corruption", "Segmentation fault", "core dumped")):
+                return f"\n--- first error in {log}:\n" + "\n".join(lines[max(0, i - 5):i + 40])
+    return ""
 
 
 def _embedded_run_beside(tmp_path, uri, verl_run):

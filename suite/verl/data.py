@@ -1,0 +1,307 @@
+"""`suite data prepare NAME --src FILE --out DIR`: a local copy of a public math dataset as verl's RL parquet.
+
+verl's trainer reads rows of `data_source`, `prompt` (chat messages), `ability`, `reward_model`
+({style, ground_truth}) and `extra_info` ({split, index}). `verl.utils.reward_score.default_compute_score`
+picks the scorer from `data_source` alone, so every dataset here writes only data_source values that
+function dispatches (each listed in its `Source.data_sources`; the tests score a right and a wrong answer
+for each). Nothing is downloaded: the user points --src at the published file they already have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+# The prompt suffixes of verl's examples/data_preprocess/gsm8k.py and math_dataset.py.
+GSM8K_SUFFIX = ' Let\'s think step by step and output the final answer after "####".'
+BOXED_SUFFIX = " Let's think step by step and output the final answer within \\boxed{}."
+
+
+class DataError(ValueError):
+    """A file that cannot become the named dataset; the message names the file and the column or row."""
+
+
+class _RowError(ValueError):
+    """One record that cannot be converted; `prepare` adds the file and the row index."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset: the columns it reads, how a record becomes (data_source, messages, ground_truth)."""
+
+    published: str  # where the schema comes from, for messages and docs
+    required: tuple[tuple[str, ...], ...]  # each column with its accepted spellings; the first is the name used
+    optional: tuple[str, ...]  # read when present (MATH-500's `answer`)
+    split: str  # the default --split: how the papers use it (train or test)
+    data_sources: tuple[str, ...]  # every data_source it may write; each dispatched by default_compute_score
+    convert: Callable[[dict, frozenset], tuple[str, list[dict], str]]  # (record, columns present) -> row parts
+    any_of: tuple[str, ...] = ()  # at least one of these optional columns must be present
+    dedup_prompts: bool = False  # keep only the first row of each prompt
+
+
+def _text(value, column: str) -> str:
+    """A cell as a non-empty string; integer answers (AIME's 72, AMC's 27.0) as their digits."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise _RowError(f"column {column!r} is {value!r}, not a non-empty string or number")
+    return value.strip()
+
+
+def last_boxed(solution: str) -> str | None:
+    """The content of the last `\\boxed{...}` (or `\\fbox{...}`) in a MATH solution, braces balanced;
+    `\\boxed 5` (a few MATH solutions) up to the next `$`, as verl's math_reward.last_boxed_only_string."""
+    found = list(re.finditer(r"\\(?:boxed|fbox)", solution))
+    if not found:
+        return None
+    rest = solution[found[-1].end():]
+    if rest.startswith(" "):
+        return rest.split("$")[0].strip() or None
+    depth = 0
+    for i, ch in enumerate(rest if rest.startswith("{") else ""):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth == 0:
+            return rest[1:i].strip() or None
+    return None  # no brace after it, or unbalanced
+
+
+def _user(content: str) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+def _gsm8k(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
+    # the ground truth as verl's gsm8k example and scorer read it: the number after "#### ", commas removed
+    found = re.findall(r"#### (\-?[0-9\.\,]+)", _text(rec["answer"], "answer"))
+    if not found:
+        raise _RowError("column 'answer' has no final '#### <number>'")
+    return "openai/gsm8k", _user(_text(rec["question"], "question") + GSM8K_SUFFIX), found[-1].replace(",", "")
+
+
+def _math(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
+    prompt = _user(_text(rec["problem"], "problem") + BOXED_SUFFIX)
+    if "answer" in columns:  # MATH-500 ships the extracted answer
+        return "HuggingFaceH4/MATH-500", prompt, _text(rec["answer"], "answer")
+    answer = last_boxed(_text(rec["solution"], "solution"))
+    if answer is None:
+        raise _RowError("column 'solution' has no \\boxed{...} answer")
+    return "DigitalLearningGmbH/MATH-lighteval", prompt, answer
+
+
+def _dapo(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
+    prompt = rec["prompt"]
+    if not (isinstance(prompt, list) and prompt and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in prompt)):
+        raise _RowError("column 'prompt' is not a non-empty list of {role, content} messages")
+    reward = rec["reward_model"]
+    if not isinstance(reward, dict) or "ground_truth" not in reward:
+        raise _RowError("column 'reward_model' has no 'ground_truth'")
+    # the published prompt asks for "Answer: ..." on the last line, which math_dapo's scorer reads; the file's
+    # own data_source column (math_dapo) only identifies the schema
+    messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    return "math_dapo", messages, _text(reward["ground_truth"], "reward_model.ground_truth")
+
+
+def _boxed(data_source: str) -> Callable[[dict, frozenset], tuple[str, list[dict], str]]:
+    def convert(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
+        return data_source, _user(_text(rec["problem"], "problem") + BOXED_SUFFIX), _text(rec["answer"], "answer")
+
+    return convert
+
+
+_PROBLEM_ANSWER = (("problem", "Problem"), ("answer", "Answer"))
+
+# default_compute_score (verl/utils/reward_score/__init__.py) dispatches: "openai/gsm8k" -> gsm8k.py (the number
+# after ####); the MATH names -> math_reward.py (last \boxed{}, MATH string normalisation: \frac12 == \dfrac{1}{2});
+# "math_dapo", "math" and "aime*" -> math_dapo.py ("Answer:" line, else the last \boxed{} compared verbatim);
+# "numina_*" -> prime_math (last \boxed{} or "answer is", sympy equality).
+SOURCES: dict[str, Source] = {
+    "gsm8k": Source("openai/gsm8k", (("question",), ("answer",)), (), "train", ("openai/gsm8k",), _gsm8k),
+    "math": Source("hendrycks MATH / HuggingFaceH4/MATH-500", (("problem",),), ("answer", "solution"), "test",
+                   ("HuggingFaceH4/MATH-500", "DigitalLearningGmbH/MATH-lighteval"), _math,
+                   any_of=("answer", "solution")),
+    "dapo-math-17k": Source("BytedTsinghua-SIA/DAPO-Math-17k", (("data_source",), ("prompt",), ("reward_model",)),
+                            (), "train", ("math_dapo",), _dapo, dedup_prompts=True),
+    # DeepScaleR's answers are MATH-style LaTeX (\frac{1}{2}, 2\sqrt{3}) asked for in \boxed{}: math_reward's
+    # normalised comparison accepts equivalent spellings where math_dapo's verbatim one would not. "lighteval/MATH"
+    # is the one MATH name `math` never writes, so per-data_source metrics keep the two apart.
+    "deepscaler": Source("agentica-org/DeepScaleR-Preview-Dataset", _PROBLEM_ANSWER, (), "train",
+                         ("lighteval/MATH",), _boxed("lighteval/MATH")),
+    # AIME answers are integers 0-999, so math_dapo's verbatim \boxed{} comparison is exact enough.
+    "aime24": Source("AIME 2024 (problem, answer)", _PROBLEM_ANSWER, (), "test", ("aime2024",), _boxed("aime2024")),
+    "aime25": Source("AIME 2025 (problem, answer)", _PROBLEM_ANSWER, (), "test", ("aime2025",), _boxed("aime2025")),
+    # no "amc" scorer exists; numina_amc_aime is the name that says AMC, and prime_math grades 27 == 27.0.
+    "amc": Source("AMC 2023 (problem, answer)", _PROBLEM_ANSWER, (), "test", ("numina_amc_aime",),
+                  _boxed("numina_amc_aime")),
+}
+
+
+def _columns(source: Source, name: str, src: Path, present: list[str]) -> dict[str, str]:
+    """The file's column for each canonical name the source reads; a missing required one is a DataError."""
+    chosen, missing = {}, []
+    for spellings in source.required:
+        hit = next((s for s in spellings if s in present), None)
+        if hit is None:
+            missing.append("/".join(spellings))
+        else:
+            chosen[spellings[0]] = hit
+    if source.any_of and not set(source.any_of) & set(present):
+        missing.append(" or ".join(source.any_of))
+    if missing:
+        raise DataError(f"{src}: not the {name} schema ({source.published}): missing column(s) "
+                        f"{', '.join(missing)}; it has {', '.join(present) or 'no columns'}")
+    chosen.update({c: c for c in source.optional if c in present})
+    return chosen
+
+
+def _pyarrow():
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError("needs pyarrow, which the verl extra brings: pip install -e '.[verl]'") from None
+    return pa, pq
+
+
+def read_records(source: Source, name: str, src: Path) -> tuple[list[dict], frozenset]:
+    """The records of a .parquet or JSON (.jsonl lines, or a .json array) file, keyed by canonical column name."""
+    if not src.is_file():
+        raise DataError(f"{src}: no such file")
+    suffix = src.suffix.lower()
+    if suffix == ".parquet":
+        pa, pq = _pyarrow()
+        try:
+            cols = _columns(source, name, src, pq.read_schema(src).names)
+            rows = pq.read_table(src, columns=list(cols.values())).to_pylist()
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"{src}: not a readable parquet file: {exc}") from None
+    elif suffix in (".jsonl", ".json"):
+        try:
+            text = src.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DataError(f"{src}: cannot read: {exc}") from None
+        rows = _parse_json(text, src)
+        present = list(dict.fromkeys(k for r in rows for k in r))
+        cols = _columns(source, name, src, present)
+    else:
+        raise DataError(f"{src}: unknown file type {suffix!r}; expected .parquet, .jsonl or .json")
+    if not rows:
+        raise DataError(f"{src}: no rows")
+    return [{c: r.get(f) for c, f in cols.items()} for r in rows], frozenset(cols)
+
+
+def _parse_json(text: str, src: Path) -> list[dict]:
+    if text.lstrip().startswith("["):  # deepscaler.json is one array
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{src}: not valid JSON: {exc}") from None
+    else:
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{src}: line {n}: not valid JSON: {exc}") from None
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise DataError(f"{src}: record {bad} is not a JSON object")
+    return rows
+
+
+def convert(name: str, src: str | os.PathLike, split: str | None = None) -> tuple[list[dict], int]:
+    """The verl rows of dataset NAME read from src, and how many repeated prompts were dropped."""
+    if name not in SOURCES:
+        raise DataError(f"unknown dataset {name!r}; choose from {', '.join(SOURCES)}")
+    if split not in (None, "train", "test"):
+        raise DataError(f"split {split!r}: choose train or test")
+    source, src = SOURCES[name], Path(src)
+    split = split or source.split
+    records, columns = read_records(source, name, src)
+    rows, seen, dropped = [], set(), 0
+    for i, rec in enumerate(records):
+        try:
+            data_source, prompt, truth = source.convert(rec, columns)
+        except _RowError as exc:
+            raise DataError(f"{src}: row {i} ({name}): {exc}") from None
+        if source.dedup_prompts:
+            key = tuple((m["role"], m["content"]) for m in prompt)
+            if key in seen:
+                dropped += 1
+                continue
+            seen.add(key)
+        rows.append({"data_source": data_source, "prompt": prompt, "ability": "math",
+                     "reward_model": {"style": "rule", "ground_truth": truth},
+                     "extra_info": {"split": split, "index": len(rows)}})
+    return rows, dropped
+
+
+def prepare(name: str, src: str | os.PathLike, out_dir: str | os.PathLike, split: str | None = None) -> Path:
+    """Write OUT_DIR/NAME-SPLIT.parquet; on any error a DataError and nothing written."""
+    pa, pq = _pyarrow()
+    rows, dropped = convert(name, src, split)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(f"{out_dir}: exists and is not a directory")
+    split = rows[0]["extra_info"]["split"]
+    path = out_dir / f"{name}-{split}.parquet"
+    tmp = None
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.replace(tmp, path)  # atomic: a reader never sees half a file
+    except OSError as exc:
+        raise DataError(f"{path}: cannot write: {exc}") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.remove(tmp)
+    sources = ", ".join(sorted({r["data_source"] for r in rows}))
+    note = f"; dropped {dropped} repeated prompts" if dropped else ""
+    print(f"wrote {len(rows)} rows to {path} (data_source {sources}, split {split}{note})")
+    return path
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    try:
+        prepare(args.name, args.src, args.out, args.split)
+    except DataError as exc:
+        print(f"suite data prepare: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+PREPARE_HELP = """Convert a local copy of a public math dataset into verl's RL parquet (OUT/NAME-SPLIT.parquet).
+
+    suite data prepare gsm8k --src gsm8k/main/train-00000-of-00001.parquet --out data
+    suite data prepare aime24 --src aime_2024.jsonl --out data          # split test
+
+Inputs: .parquet, .jsonl, or .json (lines or one array). docs/verl.md lists each NAME's columns,
+the data_source written and the verl scorer it selects.
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("data", help="prepare datasets for the verl backend")
+    verbs = p.add_subparsers(dest="data_command", required=True)
+    pp = verbs.add_parser("prepare", help="convert a local public math dataset into verl's RL parquet",
+                          description=PREPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pp.add_argument("name", metavar="NAME", choices=tuple(SOURCES), help="the dataset: " + ", ".join(SOURCES))
+    pp.add_argument("--src", required=True, help="the local file in the dataset's published schema")
+    pp.add_argument("--out", required=True, help="output directory (created if absent)")
+    defaults = ", ".join(f"{n} {s.split}" for n, s in SOURCES.items())
+    pp.add_argument("--split", choices=("train", "test"), default=None,
+                    help=f"recorded in extra_info and the file name; by default {defaults}")
+    pp.set_defaults(func=cmd_prepare)

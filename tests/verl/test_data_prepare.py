@@ -1,0 +1,216 @@
+"""`suite data prepare`: small files in each dataset's published schema become verl's RL parquet, and
+verl's own default_compute_score grades a right and a wrong answer for every data_source written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from suite.verl.data import BOXED_SUFFIX, GSM8K_SUFFIX, SOURCES, DataError, convert, last_boxed, prepare
+
+pytest.importorskip("verl", reason="needs the verl extra: pip install -e '.[verl]'")
+pytestmark = pytest.mark.verl
+pa = pytest.importorskip("pyarrow")  # verl brings it
+pq = pytest.importorskip("pyarrow.parquet")
+
+COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+
+GSM8K = [{"question": "Natalia sold 48 clips in April and half as many in May. How many in total?",
+          "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\n48+24 = <<48+24=72>>72\n#### 72"},
+         {"question": "A farm has 1,234 cows.", "answer": "It is given.\n#### 1,234"}]
+MATH = [{"problem": "What is $\\frac{2}{4}$?", "level": "Level 1", "type": "Prealgebra",
+         "solution": "First $\\boxed{2}$ is wrong; reduce: $\\frac{2}{4} = \\boxed{\\frac{1}{2}}$."}]
+MATH500 = [{"problem": "Compute $1+1$.", "solution": "So $1+1=\\boxed{2}$.", "answer": "2",
+            "subject": "Algebra", "level": 1, "unique_id": "test/algebra/1.json"}]
+DAPO_PROMPT = "Solve the following math problem step by step. The last line of your response should be of the form " \
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\n" \
+    "Remember to put your answer on its own line after \"Answer:\"."
+
+
+def _dapo(problem: str, answer: str) -> dict:
+    return {"data_source": "math_dapo", "prompt": [{"content": DAPO_PROMPT.format(problem), "role": "user"}],
+            "ability": "MATH", "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": f"uuid-{problem}"}}
+
+
+DAPO = [_dapo("What is 17 * 2?", "34"), _dapo("What is 17 * 2?", "34"), _dapo("What is 3^2?", "9"),
+        _dapo("What is 17 * 2?", "34")]
+DEEPSCALER = [{"problem": "Find $x$ if $2x = 1$.", "answer": "\\frac{1}{2}", "solution": "Divide: $x = 1/2$."}]
+AIME = [{"ID": "2024-I-1", "Problem": "Find the remainder.", "Solution": "...", "Answer": 72}]
+AMC = [{"id": 0, "problem": "How many?", "answer": 27.0, "url": "https://artofproblemsolving.com/"}]
+
+
+def _write(path, records):
+    if path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(records), path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _cli(*args):
+    code = "import sys; from suite.cli import main; sys.argv[0] = 'suite'; sys.exit(main())"
+    return subprocess.run([sys.executable, "-c", code, "data", "prepare", *map(str, args)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _read(path):
+    table = pq.read_table(path)
+    assert table.column_names == COLUMNS
+    return table.to_pylist()
+
+
+def test_gsm8k_parquet_through_the_cli(tmp_path):
+    src = _write(tmp_path / "train-00000-of-00001.parquet", GSM8K)
+    proc = _cli("gsm8k", "--src", src, "--out", tmp_path / "out")
+    out = tmp_path / "out" / "gsm8k-train.parquet"
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote 2 rows to {out}" in proc.stdout and "openai/gsm8k" in proc.stdout
+    rows = _read(out)
+    assert rows[0] == {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": GSM8K[0]["question"] + GSM8K_SUFFIX}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "72"},
+        "extra_info": {"split": "train", "index": 0},
+    }
+    assert GSM8K_SUFFIX == " Let's think step by step and output the final answer after \"####\"."
+    assert rows[1]["reward_model"]["ground_truth"] == "1234" and rows[1]["extra_info"]["index"] == 1
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["gsm8k-train.parquet"]  # no temp file left
+
+
+def test_math_takes_the_last_boxed_answer_as_verl_extracts_it(tmp_path):
+    from verl.utils.reward_score.math_reward import last_boxed_only_string, remove_boxed
+
+    rows, _ = convert("math", _write(tmp_path / "math.jsonl", MATH))
+    assert rows[0]["data_source"] == "DigitalLearningGmbH/MATH-lighteval"
+    assert rows[0]["reward_model"]["ground_truth"] == "\\frac{1}{2}"
+    assert rows[0]["reward_model"]["ground_truth"] == remove_boxed(last_boxed_only_string(MATH[0]["solution"]))
+    assert rows[0]["prompt"][0]["content"] == "What is $\\frac{2}{4}$? Let's think step by step and output the " \
+        "final answer within \\boxed{}."
+    assert rows[0]["extra_info"] == {"split": "test", "index": 0}
+
+
+def test_math500_uses_its_answer_column(tmp_path):
+    rows, _ = convert("math", _write(tmp_path / "test.parquet", MATH500), split="train")
+    assert rows[0]["data_source"] == "HuggingFaceH4/MATH-500"
+    assert rows[0]["reward_model"]["ground_truth"] == "2" and rows[0]["extra_info"]["split"] == "train"
+
+
+def test_last_boxed():
+    assert last_boxed("$\\boxed{\\frac{1}{\\sqrt{2}}}$") == "\\frac{1}{\\sqrt{2}}"
+    assert last_boxed("\\boxed{1} then \\fbox{(2, 3)}") == "(2, 3)"
+    assert last_boxed("so $\\boxed 5$.") == "5"
+    assert last_boxed("\\boxed{\\frac{1}{2}") is None and last_boxed("no box") is None
+
+
+def test_dapo_passes_through_and_keeps_the_first_of_each_prompt(tmp_path, capsys):
+    path = prepare("dapo-math-17k", _write(tmp_path / "dapo.parquet", DAPO), tmp_path / "out")
+    assert path == tmp_path / "out" / "dapo-math-17k-train.parquet"
+    assert "wrote 2 rows" in capsys.readouterr().out
+    rows = _read(path)
+    assert [r["prompt"] for r in rows] == [[{"role": "user", "content": DAPO[i]["prompt"][0]["content"]}]
+                                           for i in (0, 2)]
+    assert [r["reward_model"] for r in rows] == [{"style": "rule", "ground_truth": a} for a in ("34", "9")]
+    assert [r["extra_info"] for r in rows] == [{"split": "train", "index": i} for i in (0, 1)]
+    assert {r["data_source"] for r in rows} == {"math_dapo"}
+
+
+def test_deepscaler_json_array_through_the_cli(tmp_path):
+    src = tmp_path / "deepscaler.json"
+    src.write_text(json.dumps(DEEPSCALER, indent=1))
+    proc = _cli("deepscaler", "--src", src, "--out", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = _read(tmp_path / "deepscaler-train.parquet")
+    assert row["data_source"] == "lighteval/MATH" and row["reward_model"]["ground_truth"] == "\\frac{1}{2}"
+    assert row["prompt"][0]["content"] == DEEPSCALER[0]["problem"] + BOXED_SUFFIX
+
+
+@pytest.mark.parametrize("name, records, data_source, truth", [
+    ("aime24", AIME, "aime2024", "72"), ("aime25", AIME, "aime2025", "72"), ("amc", AMC, "numina_amc_aime", "27")])
+def test_competitions_accept_capitals_and_numeric_answers(tmp_path, name, records, data_source, truth):
+    (row,) = convert(name, _write(tmp_path / f"{name}.parquet", records))[0]
+    assert row["data_source"] == data_source and row["reward_model"]["ground_truth"] == truth
+    assert row["prompt"][0]["content"] == records[0].get("problem", records[0].get("Problem")) + BOXED_SUFFIX
+    assert row["extra_info"]["split"] == "test"
+
+
+# For each dataset: a file, a right and a wrong response written the way its prompt asks for the answer.
+SCORED = [
+    ("gsm8k", GSM8K[:1], "48+24 = 72\n#### 72", "#### 71"),
+    ("math", MATH, "It halves: $\\boxed{\\frac12}$", "$\\boxed{\\frac{1}{3}}$"),
+    ("math", MATH500, "So \\boxed{2}.", "So \\boxed{3}."),
+    ("dapo-math-17k", DAPO[:1], "17 * 2 = 34.\nAnswer: 34", "Answer: 35"),
+    ("deepscaler", DEEPSCALER, "$x = \\boxed{\\dfrac{1}{2}}$", "$x = \\boxed{2}$"),
+    ("aime24", AIME, "The remainder is \\boxed{72}.", "The remainder is \\boxed{27}."),
+    ("aime25", AIME, "The remainder is \\boxed{72}.", "The remainder is \\boxed{27}."),
+    ("amc", AMC, "There are \\boxed{27}.", "There are \\boxed{26}."),
+]
+
+
+def _acc(result) -> float:
+    """math_dapo returns {score: +-1, acc}; the others a float in [0, 1]."""
+    return float(result["acc"]) if isinstance(result, dict) else result
+
+
+def test_verl_scores_every_data_source_written(tmp_path):
+    from verl.utils.reward_score import default_compute_score
+
+    written = set()
+    for i, (name, records, right, wrong) in enumerate(SCORED):
+        (row,) = convert(name, _write(tmp_path / f"{i}.jsonl", records))[0][:1]
+        ds, truth = row["data_source"], row["reward_model"]["ground_truth"]
+        assert _acc(default_compute_score(ds, right, truth)) == 1.0, (name, ds, right, truth)
+        assert _acc(default_compute_score(ds, wrong, truth)) == 0.0, (name, ds, wrong, truth)
+        written.add(ds)
+    assert written == {ds for s in SOURCES.values() for ds in s.data_sources}
+
+
+def test_another_schema_is_refused_naming_the_missing_column(tmp_path):
+    src = _write(tmp_path / "gsm8k.jsonl", GSM8K)
+    proc = _cli("aime24", "--src", src, "--out", tmp_path / "out")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "not the aime24 schema" in proc.stderr and "missing column(s) problem/Problem;" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(DataError, match="missing column\\(s\\) answer or solution"):
+        convert("math", _write(tmp_path / "p.parquet", [{"problem": "x"}]))
+
+
+def test_an_unknown_name_lists_the_allowed_ones(tmp_path):
+    proc = _cli("gsm9k", "--src", tmp_path / "x.jsonl", "--out", tmp_path / "out")
+    assert proc.returncode == 2 and "'gsm9k'" in proc.stderr
+    assert all(f"'{name}'" in proc.stderr for name in SOURCES)
+    with pytest.raises(DataError, match="unknown dataset 'gsm9k'; choose from gsm8k, math, dapo-math-17k"):
+        convert("gsm9k", tmp_path / "x.jsonl")
+
+
+def test_an_unparseable_answer_names_the_row_and_writes_nothing(tmp_path):
+    src = _write(tmp_path / "gsm8k.parquet", [GSM8K[0], {"question": "q", "answer": "no marker, 5"}])
+    proc = _cli("gsm8k", "--src", src, "--out", tmp_path / "out")
+    assert proc.returncode == 2 and "row 1 (gsm8k): column 'answer' has no final '#### <number>'" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    bad = [MATH[0], {"problem": "p", "solution": "the answer is 3"}]
+    with pytest.raises(DataError, match="row 1 \\(math\\): column 'solution' has no \\\\boxed"):
+        prepare("math", _write(tmp_path / "math.jsonl", bad), tmp_path / "out")
+    with pytest.raises(DataError, match="row 0 \\(aime24\\): column 'answer' is None"):
+        convert("aime24", _write(tmp_path / "aime.jsonl", [{"problem": "p", "answer": None}]))
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_or_unreadable_files_are_named(tmp_path):
+    with pytest.raises(DataError, match="nope.parquet: no such file"):
+        convert("gsm8k", tmp_path / "nope.parquet")
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DataError, match="bad.parquet: not a readable parquet file"):
+        convert("gsm8k", tmp_path / "bad.parquet")
+    (tmp_path / "bad.jsonl").write_text(json.dumps(GSM8K[0]) + "\n{oops\n")
+    with pytest.raises(DataError, match="bad.jsonl: line 2: not valid JSON"):
+        convert("gsm8k", tmp_path / "bad.jsonl")
+    (tmp_path / "data.csv").write_text("question,answer\n")
+    with pytest.raises(DataError, match="unknown file type '.csv'"):
+        convert("gsm8k", tmp_path / "data.csv")
+    with pytest.raises(DataError, match="data.csv: exists and is not a directory"):
+        prepare("gsm8k", _write(tmp_path / "g.jsonl", GSM8K), tmp_path / "data.csv")

@@ -1,0 +1,220 @@
+"""The paper recipes reach verl as written: the dry run of `suite sweep experiments/paper_tables.yaml
+backend=verl recipe=NAME launcher=slurm cluster=...` is parsed, composed against verl's own
+``ppo_trainer`` config, and every value of the recipe's table (suite.recipes) is found at its verl
+key, so the table and the command cannot drift. Plus the refusals around recipes and clusters."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from suite.recipes import RECIPES, recipe_rows
+
+pytestmark = pytest.mark.verl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PAPER = [n for n in RECIPES if n != "laptop"]
+AR = "actor_rollout_ref"
+# run-config key -> verl key holding the same value
+SAME = {
+    "rollout.prompts_per_step": "data.train_batch_size",
+    "algo.group_size": f"{AR}.rollout.n",
+    "train.epochs": f"{AR}.actor.ppo_epochs",
+    "backend.micro_batch_size_per_gpu": f"{AR}.actor.ppo_micro_batch_size_per_gpu",
+    "backend.max_prompt_length": "data.max_prompt_length",
+    "rollout.max_new_tokens": "data.max_response_length",
+    "train.lr": f"{AR}.actor.optim.lr",
+    "algo.critic_lr": "critic.optim.lr",
+    "backend.lr_warmup_steps": f"{AR}.actor.optim.lr_warmup_steps",
+    "train.weight_decay": f"{AR}.actor.optim.weight_decay",
+    "train.grad_clip": f"{AR}.actor.optim.clip_grad",
+    "algo.clip_low": f"{AR}.actor.clip_ratio_low",
+    "algo.clip_high": f"{AR}.actor.clip_ratio_high",
+    "algo.dual_clip": f"{AR}.actor.clip_ratio_c",
+    "algo.agg": f"{AR}.actor.loss_agg_mode",
+    "algo.kl_coef": f"{AR}.actor.kl_loss_coef",
+    "algo.overlong_buffer": "reward.reward_kwargs.overlong_buffer_cfg.len",
+    "algo.overlong_penalty": "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor",
+    "algo.dynamic_sampling": "algorithm.filter_groups.enable",
+    "rollout.temperature": f"{AR}.rollout.temperature",
+    "rollout.top_p": f"{AR}.rollout.top_p",
+    "rollout.eval_temperature": f"{AR}.rollout.val_kwargs.temperature",
+    "backend.val_n": f"{AR}.rollout.val_kwargs.n",
+    "backend.val_top_p": f"{AR}.rollout.val_kwargs.top_p",
+    "backend.tensor_parallel_size": f"{AR}.rollout.tensor_model_parallel_size",
+    "backend.gpu_memory_utilization": f"{AR}.rollout.gpu_memory_utilization",
+    "backend.max_num_batched_tokens": f"{AR}.rollout.max_num_batched_tokens",
+    "backend.use_dynamic_bsz": f"{AR}.actor.use_dynamic_bsz",
+    "backend.ppo_max_token_len_per_gpu": f"{AR}.actor.ppo_max_token_len_per_gpu",
+    "backend.log_prob_max_token_len_per_gpu": f"{AR}.rollout.log_prob_max_token_len_per_gpu",
+    "backend.gradient_checkpointing": f"{AR}.model.enable_gradient_checkpointing",
+    "backend.remove_padding": f"{AR}.model.use_remove_padding",
+    "steps": "trainer.total_training_steps",
+    "ckpt_every": "trainer.save_freq",
+    "eval_every": "trainer.test_freq",
+    "backend.max_ckpt_to_keep": "trainer.max_actor_ckpt_to_keep",
+}
+
+
+def _dry_run(tmp_path, recipe: str, cluster: str = "h100x8", *extra: str, model: str = "/models/m"):
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from suite.cli import main; sys.argv[0] = 'suite'; main()", "sweep",
+         os.path.join(ROOT, "experiments", "paper_tables.yaml"), "backend=verl", f"recipe={recipe}",
+         "launcher=slurm", f"cluster={cluster}", f"backend.model_path={model}", "backend.train_files=/data/t.parquet",
+         "backend.val_files=/data/v.parquet", f"out_dir={tmp_path / 'runs'}", *extra, "--dry-run"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def _cells(stdout: str) -> list[tuple[list[str], list[str]]]:
+    """(table row, verl argv) per cell of a dry run's listing."""
+    lines = stdout.splitlines()
+    return [(lines[i - 1].split(), shlex.split(line.strip()[2:])) for i, line in enumerate(lines)
+            if line.strip().startswith("$ ")]
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_the_dry_run_runs_every_value_of_the_recipe(tmp_path, tiny_qwen2, name):
+    from omegaconf import OmegaConf
+
+    from suite.verl.translate import compose_verl_config, validate_verl_config
+
+    proc = _dry_run(tmp_path, name, "h100x8x4", model=str(tiny_qwen2))
+    assert proc.returncode == 0, proc.stderr
+    recipe = RECIPES[name]
+    values = {k: v.value for k, v in recipe.values.items()}
+    cells = _cells(proc.stdout)
+    assert len(cells) == 33
+    header = proc.stdout.splitlines()[2].split()
+    seen_corrections = set()
+    for row, argv in cells:
+        axes = dict(zip(header, row))
+        overrides = argv[3:]
+        v = compose_verl_config(overrides)  # verl's own config: an unknown key fails here
+        if axes["uaq.s"] == "1.0":  # verl's check loads the model (the UAQ copy is made at launch)
+            validate_verl_config(v)
+        for key, verl_key in SAME.items():
+            if key in values:
+                assert OmegaConf.select(v, verl_key) == values[key], (name, key, verl_key)
+        mini = values["rollout.prompts_per_step"] // values["train.minibatches"]
+        assert v[AR].actor.ppo_mini_batch_size == mini
+        assert v[AR].actor.use_kl_loss == (values["algo.kl_coef"] > 0)
+        if values.get("algo.dynamic_sampling"):
+            assert v.algorithm.filter_groups.max_num_gen_batches == values["algo.max_resample_rounds"] + 1
+            assert v.trainer.use_v1 is True  # the trainer that filters groups
+        # the cluster profile's shape, not the backend's defaults
+        assert (v.trainer.nnodes, v.trainer.n_gpus_per_node) == (4, 8)
+        assert v.algorithm.adv_estimator == ("gae" if recipe.groups["algo"] == "ppo" else "grpo")
+        assert bool(v.critic.get("enable")) == (recipe.groups["algo"] == "ppo")
+        # the label names the recipe's dataset, not the embedded task
+        assert f"-{values['backend.dataset']}-" in row[-1], row
+        env = OmegaConf.select(v, "ray_kwargs.ray_init.runtime_env.env_vars", default={}) or {}
+        params = json.loads(env.get("SUITE_LOSS_PARAMS", "{}"))
+        if axes["correction"] == "tis":
+            assert v.algorithm.rollout_correction.rollout_is_threshold == values.get("correction.tis_cap", 2.0)
+        elif axes["correction"] in ("acr", "tbpo"):
+            for k, val in params.items():
+                assert val == values.get(f"correction.{k}", val), (name, k)
+            if "correction.tis_cap" in values:
+                assert params["tis_cap"] == values["correction.tis_cap"]
+        seen_corrections.add(axes["correction"])
+        if axes["quant"] in ("int8", "w4a16") and "quant.group_size" in values:
+            assert env["SUITE_W4_GROUP_SIZE"] == str(values["quant.group_size"])
+    assert seen_corrections == {"naive", "bypass", "tis", "acr"}
+    # the recipe's SLURM resources over the profile's; the sweep file has none of its own
+    slurm = {k: v.value for k, v in recipe.slurm.items()}
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("resources:"))
+    assert f"recipe {name}" in line
+    for k, val in slurm.items():
+        assert f"{k}={val}" in line, line
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_the_recipe_sets_its_own_values_where_no_axis_does(name):
+    """Composed alone (no sweep matrix), every value of the table is the run's, the recipe's
+    group choices included, and the label is the recipe's."""
+    from omegaconf import OmegaConf
+
+    from suite.config import compose_config
+
+    cfg = compose_config([f"recipe={name}", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"])
+    for key, value, _source in recipe_rows(name):
+        if key.startswith("resources."):
+            continue
+        if key in RECIPES[name].groups:  # a group choice
+            got = {"backend": cfg.backend.name, "algo": cfg.algo.name, "quant": cfg.quant.precision,
+                   "correction": cfg.correction.mode}[key]
+        else:
+            got = OmegaConf.select(cfg, key)
+        assert got == value, (name, key)
+    assert cfg.backend.recipe == name
+
+
+def test_every_value_has_a_source_and_the_laptop_recipe_changes_no_run():
+    from suite.config import compose_config, run_id
+
+    for name in PAPER:
+        for key, _value, source in recipe_rows(name):
+            assert source.strip(), (name, key)
+    assert RECIPES["laptop"].values == {} and not RECIPES["laptop"].groups
+    assert run_id(compose_config(["recipe=laptop"])) == run_id(compose_config([]))
+    # a recipe's values given by hand make the same run (the recipe name is a label)
+    by_recipe = compose_config(["recipe=qurl-gsm8k", "backend.model_path=/m", "backend.train_files=/t",
+                                "backend.val_files=/v"])
+    by_hand = ["backend=verl", "algo=ppo", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"]
+    by_hand += [f"{k}={v.value}" for k, v in RECIPES["qurl-gsm8k"].values.items()]
+    assert run_id(compose_config(by_hand)) == run_id(by_recipe)
+
+
+def test_recipe_refusals_name_the_key_and_the_allowed_values(tmp_path):
+    proc = _dry_run(tmp_path, "qurl-nope")
+    assert proc.returncode == 2 and "qurl-nope" in proc.stderr
+    for name in RECIPES:
+        assert name in proc.stderr
+    # an algorithm axis that contradicts the recipe's experiment
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from suite.cli import main; sys.argv[0] = 'suite'; main()", "sweep",
+         os.path.join(ROOT, "experiments", "main_table.yaml"), "backend=verl", "recipe=qurl-dapo", "launcher=slurm",
+         "cluster=h100x8", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v",
+         f"out_dir={tmp_path / 'runs'}", "--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "recipe=qurl-dapo is an algo=dapo experiment" in proc.stderr, proc.stderr
+    # nodes given by hand that contradict the cluster profile
+    proc = _dry_run(tmp_path, "qurl-gsm8k", "h100x8x4", "backend.nnodes=2")
+    assert proc.returncode == 2 and "backend.nnodes=2 contradicts cluster=h100x8x4 (4)" in proc.stderr, proc.stderr
+    # a GPU run on a CPU profile
+    proc = _dry_run(tmp_path, "qurl-gsm8k", "cpu")
+    assert proc.returncode == 2 and "cluster=cpu has no GPUs" in proc.stderr, proc.stderr
+    # nothing was created by any of them
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dynamic_sampling_is_refused_where_verl_would_ignore_it():
+    from suite.config import ConfigError, compose_config
+
+    base = ["backend=verl", "algo=dapo", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"]
+    with pytest.raises(ConfigError, match="algo.dynamic_sampling.*legacy trainer"):
+        compose_config([*base, "backend.device=cpu", "quant=bf16"])
+    with pytest.raises(ConfigError, match="backend.extra_overrides.*trainer.use_v1=false"):
+        compose_config([*base, "backend.extra_overrides=[trainer.use_v1=false]"])
+    assert compose_config([*base, "backend.device=cpu", "quant=bf16", "algo.dynamic_sampling=false"])
+
+
+def test_dynamic_batches_must_hold_one_whole_sequence():
+    from suite.config import ConfigError, compose_config
+
+    with pytest.raises(ConfigError, match=r"backend.ppo_max_token_len_per_gpu: must hold one whole sequence.*= 10240"):
+        compose_config(["recipe=qurl-dapo", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v",
+                        "backend.ppo_max_token_len_per_gpu=8192"])
+
+
+def test_a_missing_path_names_what_the_recipe_needs():
+    from suite.config import ConfigError, compose_config
+
+    with pytest.raises(ConfigError, match=r"backend.train_files.*suite data prepare dapo-math-17k"):
+        compose_config(["recipe=qurl-dapo", "backend.model_path=/m", "backend.val_files=/v"])
+    with pytest.raises(ConfigError, match=r"backend.model_path.*Qwen2.5-0.5B-Instruct"):
+        compose_config(["recipe=qurl-gsm8k", "backend.train_files=/t", "backend.val_files=/v"])
