@@ -2,7 +2,7 @@
 hyper-parameter that experiment ran with, each value with its source (docs/verl.md, "Running the
 papers on a cluster"; the sources are discussed in docs/recipes_sources.md).
 
-    suite sweep experiments/main_table.yaml backend=verl recipe=qurl-gsm8k cluster=h100x8 \\
+    suite sweep experiments/paper_tables.yaml backend=verl recipe=qurl-gsm8k launcher=slurm cluster=h100x8 \\
         backend.model_path=... backend.train_files=... backend.val_files=...
 
 A recipe is stored like a regime (suite.regimes): a `_global_` config chosen with `recipe=NAME`
@@ -68,7 +68,7 @@ RECIPES: dict[str, Recipe] = {
         gpu_hours="~10-20 H100-hours per run: our rough estimate (435 steps of a 0.5B model on 4 GPUs), not measured",
         groups={"backend": "verl", "algo": "ppo"},
         values={
-            "backend.dataset": Value("gsm8k", QURL + " Table 1"),
+            "backend.dataset": Value("gsm8k", QURL + " Table 1 (2nd-hand)"),
             "rollout.prompts_per_step": Value(256, FLASHRL_GSM8K),
             "algo.group_size": Value(1, VERL_DEFAULT + " rollout.n (PPO with a critic)"),
             "train.minibatches": Value(4, FLASHRL_GSM8K + " ppo_mini_batch_size=64"),
@@ -116,7 +116,7 @@ RECIPES: dict[str, Recipe] = {
                    "~2.5K tokens/s per GPU, rollout about half the step, 64 GPUs), not measured"),
         groups={"backend": "verl", "algo": "dapo"},
         values={
-            "backend.dataset": Value("dapo-math-17k", QURL + " Table 2"),
+            "backend.dataset": Value("dapo-math-17k", QURL + " Table 2 (2nd-hand)"),
             "rollout.prompts_per_step": Value(512, VERL_DAPO_7B + " train_prompt_bsz"),
             "algo.group_size": Value(16, VERL_DAPO_7B + " n_resp_per_prompt"),
             "train.minibatches": Value(16, VERL_DAPO_7B + " train_prompt_mini_bsz=32"),
@@ -144,7 +144,7 @@ RECIPES: dict[str, Recipe] = {
             "rollout.top_p": Value(1.0, VERL_DAPO_7B),
             "rollout.eval_temperature": Value(1.0, VERL_DAPO_7B + " val_kwargs"),
             "backend.val_top_p": Value(0.7, VERL_DAPO_7B + " val_kwargs"),
-            "backend.val_n": Value(32, QURL + " Table 2: AIME 2024 Avg@32"),
+            "backend.val_n": Value(32, QURL + " Table 2 (2nd-hand): AIME 2024 Avg@32"),
             "backend.tensor_parallel_size": Value(4, VERL_DAPO_7B + " gen_tp"),
             "backend.gpu_memory_utilization": Value(0.8, VERL_DAPO_7B),
             "backend.max_num_batched_tokens": Value(10240, VERL_DAPO_7B + " prompt + response"),
@@ -171,7 +171,7 @@ RECIPES: dict[str, Recipe] = {
                    "a part of that; not measured here"),
         groups={"backend": "verl", "algo": "grpo"},
         values={
-            "backend.dataset": Value("deepscaler", QURL + " Table 3"),
+            "backend.dataset": Value("deepscaler", QURL + " Table 3 (2nd-hand)"),
             "rollout.prompts_per_step": Value(128, DEEPSCALER),
             "algo.group_size": Value(8, DEEPSCALER),
             "train.minibatches": Value(2, DEEPSCALER + " ppo_mini_batch_size=64"),
@@ -194,7 +194,7 @@ RECIPES: dict[str, Recipe] = {
             "rollout.top_p": Value(1.0, DEEPSCALER),
             "rollout.eval_temperature": Value(0.6, DEEPSCALER),
             "backend.val_top_p": Value(0.95, "rllm scripts/eval/eval_model.sh"),
-            "backend.val_n": Value(32, QURL + " Table 3: Avg@32"),
+            "backend.val_n": Value(32, QURL + " Table 3 (2nd-hand): Avg@32"),
             "backend.tensor_parallel_size": Value(1, DEEPSCALER),
             "backend.gpu_memory_utilization": Value(0.85, DEEPSCALER),
             "backend.gradient_checkpointing": Value(True, DEEPSCALER),
@@ -300,3 +300,27 @@ def recipe_rows(name: str) -> list[tuple[str, Any, str]]:
     rows += [(k, v.value, v.source) for k, v in r.values.items()]
     rows += [(f"resources.{k}", v.value, v.source) for k, v in r.slurm.items()]
     return rows
+
+
+def recipes_markdown() -> str:
+    """docs/recipes.md: every paper recipe's table (``python -m suite.recipes > docs/recipes.md``;
+    a test keeps the file equal to this)."""
+    out = ["# Paper recipes (`recipe=NAME`)", "",
+           "Generated from suite/recipes.py by `python -m suite.recipes > docs/recipes.md`; a test keeps the two "
+           "equal. How the sources were read, and where they disagree: docs/recipes_sources.md. Running them: "
+           "docs/verl.md, \"Running the papers on a cluster\".", ""]
+    for name, r in RECIPES.items():
+        if name == DEFAULT_RECIPE:
+            continue
+        train = f"`{r.train_data}`" if r.train_data else "not prepared by `suite data prepare`"
+        out += [f"## `{name}`", "", f"{r.description}.", "", f"- model: {r.model}",
+                f"- data: train {train}; held-out {', '.join(f'`{v}`' for v in r.val_data)}",
+                f"- trained on: {r.gpus}", f"- expected cost: {r.gpu_hours}", "",
+                "| key | value | source |", "|---|---|---|"]
+        out += [f"| `{k}` | {v} | {src} |" for k, v, src in recipe_rows(name)]
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(recipes_markdown(), end="")

@@ -99,7 +99,8 @@ def fake_quant_weights(weights: Iterable[tuple[str, torch.Tensor]],
         yield (name, fake_quant(w, scheme, name=name).to(w.dtype)) if is_quantized_linear(name) else (name, w)
 
 
-def _int8_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+def int8_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The vLLM model's W8A8 INT8 linears (compressed-tensors scheme)."""
     return [m for m in model.modules() if type(getattr(m, "scheme", None)).__name__ == INT8_SCHEME]
 
 
@@ -126,7 +127,7 @@ def stage_for_loading(model: torch.nn.Module) -> Staged:
     """Give every INT8 layer (and, on vLLM CPU, every pre-packed 16-bit linear) fresh
     loading-layout parameters, created on the layer's device; return each INT8 layer's live
     (kernel-layout) parameters, which :func:`finish_sync` needs on a GPU."""
-    layers = _int8_layers(model)
+    layers = int8_layers(model)
     if not layers:
         raise RuntimeError(f"SUITE_ROLLOUT_QUANT=int8 but the vLLM model has no {INT8_SCHEME} layer: "
                            "was it built with the compressed-tensors W8A8 config of suite.verl.translate?")
@@ -261,5 +262,5 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["NoGPUError", "fake_quant_weights", "finish_sync", "fold_into_live", "is_quantized_linear",
+__all__ = ["NoGPUError", "fake_quant_weights", "finish_sync", "fold_into_live", "int8_layers", "is_quantized_linear",
            "requantize_int8", "require_gpu", "restage_kv_scales", "restage_prepacked", "stage_for_loading"]

@@ -218,3 +218,10 @@ def test_a_missing_path_names_what_the_recipe_needs():
         compose_config(["recipe=qurl-dapo", "backend.model_path=/m", "backend.val_files=/v"])
     with pytest.raises(ConfigError, match=r"backend.model_path.*Qwen2.5-0.5B-Instruct"):
         compose_config(["recipe=qurl-gsm8k", "backend.train_files=/t", "backend.val_files=/v"])
+
+
+def test_docs_recipes_md_is_the_recipes_table():
+    from suite.recipes import recipes_markdown
+
+    with open(os.path.join(ROOT, "docs", "recipes.md"), encoding="utf-8") as fh:
+        assert fh.read() == recipes_markdown(), "regenerate: python -m suite.recipes > docs/recipes.md"

@@ -1,0 +1,257 @@
+"""Does the INT8 weight sync give vLLM the weights it was sent? One command, on a GPU node or
+on vLLM's CPU build:
+
+    python -m suite.verl.sync_check --device cuda     # slurm/gpu_check.sh runs this
+    python -m suite.verl.sync_check --device cpu      # vLLM's CPU build (tests/vllm_cpu)
+
+Two different models A and B (random, with logits far from uniform, so that the check can tell
+them apart) are written as float32 checkpoints and as W8A8 INT8 checkpoints
+(suite.verl.w8a8_checkpoint). An engine is started from A's INT8 checkpoint with the suite's
+worker extension (suite.verl.int8_hook), then B, A and B again are synced into it through verl's
+own sender and receiver (``BucketedWeightSender`` -> ``update_weights_from_ipc``), as a verl run
+syncs. After each sync the engine's greedy tokens must equal, and its log-probs match, those of
+a fresh engine loaded from the synced model's INT8 checkpoint; before the first sync they must
+differ from B's (else the comparison proves nothing). On a GPU the INT8 layers' live tensors must
+also stay the same storage (CUDA graphs captured on them read the new weights), and the GPU
+re-quantizer must equal the CPU one bit for bit.
+
+The transport is verl's shared-memory path on both devices: CUDA IPC cannot open a handle in the
+process that made it, and sender and engine share this process. Every check prints
+``CHECK name: PASS|FAIL detail`` and the last line is ``CHECKS <json list>``; there is no skip: a
+check that cannot run fails, naming what to install. Exit status 0 only when every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from pathlib import Path
+
+VOCAB, HIDDEN, LAYERS, HEADS, FFN, MAX_LEN = 256, 64, 2, 2, 1024, 128  # head_dim 32: served on CPU and GPU
+LOGPROB_TOL = 1e-3  # synced vs fresh INT8 engine: the same weights and kernels (measured: 0 on vLLM CPU)
+BUCKET_MB = 1  # several buckets: fused q/k/v and gate/up shards may land in different ones
+INSTALL = "pip install -e '.[gpu]' (verl 0.9.1 + vllm 0.24.0) on a GPU node; .ci/vllm-cpu builds the CPU one"
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def tiny_checkpoint(root: Path, seed: int) -> dict[str, Path]:
+    """A random Llama (``seed``) as a float32 HF checkpoint ``fp`` and its W8A8 copy ``int8``."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from suite.verl.w8a8_checkpoint import write_w8a8_checkpoint
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                      num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=MAX_LEN,
+                      tie_word_embeddings=False, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    model = LlamaForCausalLM(cfg).float()
+    with torch.no_grad():  # far from uniform: linears x3 over the 0.02 init, norm gains in [0.5, 1.5]
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif "embed_tokens" not in name:
+                p.mul_(3.0)
+    fp = root / f"fp{seed}"
+    model.save_pretrained(fp, safe_serialization=True)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t1", bos_token="t2",
+                            unk_token="t0").save_pretrained(fp)
+    return {"fp": fp, "int8": write_w8a8_checkpoint(fp, root / f"int8_{seed}")}
+
+
+def _engine(path: Path, device: str, **kw):
+    from vllm import LLM
+
+    extra = {"gpu_memory_utilization": 0.2} if device == "cuda" else {}
+    # on a GPU CUDA graphs are captured (enforce_eager=False): the fold into the live tensors is what keeps them valid
+    return LLM(model=str(path), dtype="bfloat16", max_model_len=MAX_LEN, enforce_eager=device != "cuda", seed=0,
+               max_num_seqs=8, **extra, **kw)
+
+
+def _rollouts(llm, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    from vllm import SamplingParams
+
+    out = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                       SamplingParams(temperature=0.0, max_tokens=16, logprobs=0), use_tqdm=False)
+    return [(list(o.outputs[0].token_ids), [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids,
+                                                                            o.outputs[0].logprobs)]) for o in out]
+
+
+def _compare(got, want) -> float:
+    """Largest |log-prob difference| where every token agrees; raises where a token differs."""
+    worst = 0.0
+    for i, ((tg, lg), (tw, lw)) in enumerate(zip(got, want)):
+        if tg != tw:
+            raise CheckFailed(f"prompt {i}: tokens {tg} after the sync, {tw} from a fresh load")
+        worst = max([worst, *(abs(a - b) for a, b in zip(lg, lw))])
+    return worst
+
+
+def _sync(llm, weights: list) -> float:
+    """One verl weight sync into ``llm``: verl's sender in a thread, the engine's receiver here."""
+    from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
+
+    handle = f"ipc:///tmp/rl-colocate-zmq-{os.environ['VERL_RAY_JOB_ID']}-replica-0-rank-0.sock"
+    errors: list[BaseException] = []
+
+    def send():
+        try:
+            sender = BucketedWeightSender(handle, bucket_size_mb=BUCKET_MB, use_shm=True)
+            asyncio.run(sender.async_send_weights(iter(weights)))
+        except BaseException as exc:  # noqa: BLE001 (re-raised below: a dead sender would hang the receiver)
+            errors.append(exc)
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    start = time.perf_counter()
+    llm.collective_rpc("update_weights_from_ipc", kwargs={"use_shm": True})
+    seconds = time.perf_counter() - start
+    t.join(120)
+    if errors:
+        raise errors[0]
+    return seconds
+
+
+def _live_pointers(llm) -> list[int]:
+    def read(ext_self):
+        from suite.verl.int8_hook import int8_layers
+
+        return [m.weight.data_ptr() for m in int8_layers(ext_self.model_runner.model)]
+
+    return llm.collective_rpc(read)[0]
+
+
+def check_platform(device: str) -> str:
+    import torch
+
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise CheckFailed("torch.cuda.is_available() is False: run on a GPU node (srun --gres=gpu:1 ...)")
+        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    from suite.hardware import cpu_features
+    from suite.verl.rollout_quant import vllm_cpu_precisions
+
+    features = cpu_features()
+    if "int8" not in vllm_cpu_precisions(features):
+        raise CheckFailed(f"vLLM's CPU build does not serve W8A8 INT8 on this CPU ({features.label()}): docs/verl.md")
+    return f"CPU {features.label()}, torch {torch.__version__}"
+
+
+def check_requant() -> str:
+    import torch
+
+    from suite.core.quant import quantize_int8_per_channel
+    from suite.verl.int8_hook import requantize_int8
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(256, 512, generator=g).to(torch.bfloat16)
+    out = dict(requantize_int8([("model.layers.0.mlp.up_proj.weight", w.cuda())]))
+    codes, scales = quantize_int8_per_channel(w.float())
+    n_c = int((out["model.layers.0.mlp.up_proj.weight"].cpu() != codes).sum())
+    n_s = int((out["model.layers.0.mlp.up_proj.weight_scale"].cpu() != scales.float()).sum())
+    if n_c or n_s:
+        raise CheckFailed(f"GPU vs CPU quantizer: {n_s} scales and {n_c} codes of {tuple(w.shape)} differ")
+    return f"codes and scales equal on {tuple(w.shape)}"
+
+
+def check_vllm() -> str:
+    try:
+        import vllm
+        import verl  # noqa: F401  (loads the suite's verl.plugins entry point)
+    except ImportError as exc:
+        raise CheckFailed(f"{exc}: install with {INSTALL}") from None
+    return f"vllm {vllm.__version__}"
+
+
+def check_sync(device: str, root: Path) -> str:
+    import torch
+    from safetensors.torch import load_file
+
+    os.environ["SUITE_ROLLOUT_QUANT"] = "int8"
+    os.environ.setdefault("VERL_RAY_JOB_ID", "suite-sync-check-" + uuid.uuid4().hex[:8])
+    ck = {seed: tiny_checkpoint(root, seed) for seed in (0, 1)}
+    g = torch.Generator().manual_seed(7)
+    prompts = [[2, *torch.randint(3, VOCAB, (9,), generator=g).tolist()] for _ in range(4)]
+    want = {}
+    for seed in (0, 1):  # fresh loads of each model's INT8 checkpoint
+        llm = _engine(ck[seed]["int8"], device)
+        want[seed] = _rollouts(llm, prompts)
+        del llm
+    if want[0] == want[1]:
+        raise CheckFailed("models A and B roll out the same tokens and log-probs: the check could not tell them apart")
+    llm = _engine(ck[0]["int8"], device, worker_extension_cls="suite.verl.int8_hook.QuantizedWeightSyncExtension")
+    if _compare(_rollouts(llm, prompts), want[0]) > LOGPROB_TOL:
+        raise CheckFailed("two fresh engines of A's INT8 checkpoint disagree: the comparison is not deterministic")
+    pointers = _live_pointers(llm) if device == "cuda" else []  # vLLM CPU repacks its INT8 weights (no graphs)
+    parts = []
+    for seed in (1, 0, 1):  # B, back to A, B again
+        weights = list(load_file(str(ck[seed]["fp"] / "model.safetensors")).items())
+        seconds = _sync(llm, weights)
+        try:
+            worst = _compare(_rollouts(llm, prompts), want[seed])
+        except CheckFailed as exc:
+            raise CheckFailed(f"after syncing model {'AB'[seed]}: {exc}") from None
+        if worst > LOGPROB_TOL:
+            raise CheckFailed(f"after syncing model {'AB'[seed]}: log-probs differ by up to {worst:.3g} "
+                              f"from a fresh load (> {LOGPROB_TOL})")
+        parts.append(f"{'AB'[seed]} {seconds:.2f} s, max |dlogp| {worst:.2g}")
+    if device == "cuda" and _live_pointers(llm) != pointers:
+        raise CheckFailed("a sync replaced the INT8 layers' live tensors: CUDA graphs would read stale weights")
+    n = sum(len(t) for t, _ in want[1])
+    return f"syncs {'; '.join(parts)}; {n} tokens each equal a fresh INT8 load" + (
+        "; live tensors kept" if device == "cuda" else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m suite.verl.sync_check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    args = p.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: our objects reach it
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.device == "cpu":  # verl's CPU platform (suite.verl.cpu_workarounds), as a verl run on CPU has it
+        os.environ["SUITE_VERL_CPU"] = "1"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    results: list[tuple[str, str, str]] = []
+
+    def check(name, fn, *a) -> bool:
+        t = time.time()
+        try:
+            results.append((name, "PASS", f"{fn(*a)} ({time.time() - t:.1f} s)"))
+        except Exception as exc:  # noqa: BLE001 - report every failure, then stop
+            if not isinstance(exc, CheckFailed):
+                traceback.print_exc()
+            results.append((name, "FAIL", f"{type(exc).__name__}: {exc}"))
+        print(f"CHECK {name}: {results[-1][1]} {results[-1][2]}", flush=True)
+        return results[-1][1] == "PASS"
+
+    ok = check("platform", check_platform, args.device)
+    if ok and args.device == "cuda":
+        ok = check("requant", check_requant)
+    ok = ok and check("vllm", check_vllm)
+    if ok and args.device == "cpu":
+        from suite.verl.cpu_workarounds import register
+
+        register()
+    with tempfile.TemporaryDirectory(prefix="suite_sync_check_") as tmp:
+        ok = ok and check("sync", check_sync, args.device, Path(tmp))
+    print("CHECKS " + json.dumps([{"name": n, "status": s, "detail": d} for n, s, d in results]), flush=True)
+    return 0 if ok and all(s == "PASS" for _, s, _ in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
