@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-ACC = "acc"  # the run's held-out accuracy (val-core/<task>/acc/mean_at_1), a fraction in [0, 1]
+ACC = "acc"  # the run's held-out accuracy (val-core/<task>/acc/mean_at_1, or its acc_metric), a fraction in [0, 1]
 ACC_ROLLOUT = "acc_rollout"  # its quantized rollout copy's (val-aux/<task>/rollout_acc/mean_at_1)
 
 

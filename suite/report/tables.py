@@ -10,7 +10,8 @@ RUNNING, SUPERSEDED, or an expected sweep cell with no run, MISSING) is counted 
 with no run stays in the table with n = 0, shown as "missing".
 
 Accuracy is reported in percent (the papers' unit): the run's last held-out accuracy
-(`val-core/<task>/acc/mean@1`) x 100, mean over seeds with a 95% confidence interval
+(`val-core/<task>/acc/mean@1`; for a verl run the largest mean@N it logged, e.g. Avg@32, mean over its
+data sources: the runs frame's `acc_metric`) x 100, mean over seeds with a 95% confidence interval
 (`suite.report.stats`: Student-t below 20 seeds, percentile bootstrap from there).
 """
 

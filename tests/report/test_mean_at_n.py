@@ -1,0 +1,44 @@
+"""The report reads a verl run's held-out accuracy where verl logs it: the largest mean@N (QuRL's
+Avg@32 with ``backend.val_n=32``) over the run's data sources, final and step by step."""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+
+def _run(client, exp, task, metrics: dict[str, list[tuple[int, float]]]) -> str:
+    tags = {"backend": "verl", "precision": "int8", "correction": "acr", "uaq_s": "1.5", "algo": "dapo",
+            "task": task, "model": "Qwen2.5-Math-7B", "aligned_forward": "false", "seed": "0"}
+    rid = client.create_run(exp, tags=tags).info.run_id
+    for key, points in metrics.items():
+        for step, value in points:
+            client.log_metric(rid, key, value, step=step)
+    client.set_terminated(rid, "FINISHED")
+    return rid
+
+
+def test_avg_at_32_over_data_sources_is_the_accuracy(tmp_path):
+    from suite.report.data import load_runs
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    exp = client.create_experiment("verl")
+    # two data sources at Avg@32, plus a mean@1 (kept by verl for some sources) and rewards, which lose
+    avg32 = _run(client, exp, "dapo-math-17k", {
+        "val-core/aime2024/acc/mean_at_32": [(0, 0.10), (10, 0.30)],
+        "val-core/aime2025/acc/mean_at_32": [(0, 0.20), (10, 0.40)],
+        "val-core/aime2024/acc/mean_at_1": [(0, 0.9), (10, 0.9)],
+        "val-core/aime2024/reward/mean_at_32": [(0, -0.8), (10, -0.4)],
+    })
+    greedy = _run(client, exp, "gsm8k", {"val-core/openai/gsm8k/acc/mean_at_1": [(0, 0.25), (5, 0.5)]})
+    data = load_runs(uri)
+    runs = data.runs.set_index("mlflow_run_id")
+    assert runs.loc[avg32, "acc"] == pytest.approx(0.35)  # (0.30 + 0.40) / 2, not the mean@1's 0.9
+    assert runs.loc[avg32, "acc_metric"] == "val-core/aime2024/acc/mean_at_32;val-core/aime2025/acc/mean_at_32"
+    assert runs.loc[greedy, "acc"] == pytest.approx(0.5)
+    hist = data.history.set_index(["mlflow_run_id", "step"])["acc"]
+    assert hist.loc[(avg32, 0)] == pytest.approx(0.15) and hist.loc[(avg32, 10)] == pytest.approx(0.35)
+    assert hist.loc[(greedy, 0)] == pytest.approx(0.25) and hist.loc[(greedy, 5)] == pytest.approx(0.5)
