@@ -138,7 +138,8 @@ RECIPES: dict[str, Recipe] = {
             "algo.overlong_buffer": Value(4096, VERL_DAPO_7B),
             "algo.overlong_penalty": Value(1.0, VERL_DAPO_7B),
             "algo.dynamic_sampling": Value(True, VERL_DAPO_32B + " filter_groups (the 7B script runs without)"),
-            "algo.max_resample_rounds": Value(9, VERL_DAPO_32B + " max_num_gen_batches=10"),
+            # embedded only: verl's v1 trainer refills the batch without a bound on generation rounds
+            "algo.max_resample_rounds": Value(9, VERL_DAPO_32B + " max_num_gen_batches=10 (embedded runs only)"),
             "algo.kl_coef": Value(0.0, VERL_DAPO_7B + " use_kl_loss=False"),
             "rollout.temperature": Value(1.0, VERL_DAPO_7B),
             "rollout.top_p": Value(1.0, VERL_DAPO_7B),

@@ -113,12 +113,6 @@ def validate_verl(cfg: DictConfig) -> None:
         "is embedded only: verl validates with one sampling setting (its mean@n replaces the greedy mean@1); "
         "set backend.val_n, rollout.eval_temperature and backend.val_top_p instead. allowed: 0",
     )
-    check(
-        not (cfg.algo.dynamic_sampling and b.device == "cpu"),
-        "algo.dynamic_sampling",
-        "DAPO's dynamic sampling runs in verl's v1 trainer only, and backend.device=cpu runs its legacy trainer, "
-        "which ignores algorithm.filter_groups; allowed with backend.device=cpu: false",
-    )
     legacy = [x for x in override_values(b, "trainer.use_v1") if x.strip().lower() == "false"]
     check(
         not (cfg.algo.dynamic_sampling and legacy),

@@ -29,7 +29,7 @@ CPU_ENV = "SUITE_VERL_CPU"  # "1": load this module in every verl process (suite
 # main_ppo overrides a CPU run needs (suite.verl.translate appends them for backend.device=cpu),
 # each found by running verl 0.9.1's GRPO on vLLM CPU (docs/verl.md, "vLLM's CPU build"):
 VERL_CPU_OVERRIDES = (
-    "trainer.use_v1=false",  # verl's v1 trainer needs the transfer_queue package
+    "trainer.use_v1=false",  # the legacy trainer: the path tested longest on CPU (DAPO: VERL_CPU_V1_OVERRIDES)
     "trainer.device=cpu",
     "actor_rollout_ref.actor.strategy=fsdp2",  # FSDP2 takes a CPU device mesh
     "actor_rollout_ref.ref.strategy=fsdp2",
@@ -44,6 +44,13 @@ VERL_CPU_OVERRIDES = (
     "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_DEVICE=cuda",
     "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR=nvidia",
     "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_KVCACHE_SPACE='1'",  # GiB of KV cache
+)
+# DAPO's dynamic sampling runs in verl's v1 trainer only (its replay buffer filters the groups), which keeps
+# its batches in TransferQueue: its default of 8 storage actors takes a CPU each, all of Ray's 8 here, and
+# the trainer's workers then wait forever for a CPU; one storage actor leaves them 7
+VERL_CPU_V1_OVERRIDES = (
+    "trainer.use_v1=true",
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
 )
 # the driver's (main_ppo's) environment
 VERL_CPU_DRIVER_ENV = {CPU_ENV: "1", "VERL_PLATFORM": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -186,4 +193,5 @@ def register() -> None:
     PlatformCPU.__module__ = __name__
 
 
-__all__ = ["CPU_ENV", "VERL_CPU_DRIVER_ENV", "VERL_CPU_OVERRIDES", "dedupe_backend", "register"]
+__all__ = ["CPU_ENV", "VERL_CPU_DRIVER_ENV", "VERL_CPU_OVERRIDES", "VERL_CPU_V1_OVERRIDES", "dedupe_backend",
+           "register"]

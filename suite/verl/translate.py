@@ -8,8 +8,8 @@ run verl's ``validate_config``); keys verl does not declare carry Hydra's ``+`` 
 mapping, axis by axis:
 
 - algo: ppo -> ``adv_estimator=gae`` + critic; grpo -> ``grpo``, ``rollout.n`` = G, KL loss when
-  ``algo.kl_coef > 0``; dapo -> ``grpo`` with clip-higher, ``algorithm.filter_groups`` and verl's
-  ``dapo`` reward manager with the overlong buffer.
+  ``algo.kl_coef > 0``; dapo -> ``grpo`` with clip-higher, ``algorithm.filter_groups`` (run by verl's
+  v1 trainer only) and verl's ``dapo`` reward manager with the overlong buffer.
 - precision: the overrides and worker environment of its entry of suite.verl.rollout_quant
   ``VERL_ROLLOUTS`` (bf16: nothing; fp8: verl's native FP8; int8 / w4a16: our vLLM worker
   extension, suite.verl.int8_hook, re-quantizing every weight sync).
@@ -37,7 +37,7 @@ from suite.config import run_id
 from suite.core.losses import CORRECTIONS
 from suite.verl import LOSS_PARAMS_ENV
 from suite.verl.aligned import ALIGNED_ENV
-from suite.verl.cpu_workarounds import CPU_ENV, VERL_CPU_OVERRIDES
+from suite.verl.cpu_workarounds import CPU_ENV, VERL_CPU_OVERRIDES, VERL_CPU_V1_OVERRIDES
 from suite.verl.rollout_quant import (  # noqa: F401
     VERL_ROLLOUTS,
     W8A8_QUANT_CONFIG,
@@ -223,11 +223,10 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
             f"critic.model.use_remove_padding={_b(b.remove_padding)}",
         ]
     if a.dynamic_sampling:
-        o += [
-            "algorithm.filter_groups.enable=true",
-            "algorithm.filter_groups.metric=acc",
-            f"algorithm.filter_groups.max_num_gen_batches={a.max_resample_rounds + 1}",
-        ]
+        # verl's v1 trainer filters groups in its replay buffer and refills until the batch is full: it has
+        # no bound on generation rounds (it ignores max_num_gen_batches), so algo.max_resample_rounds is the
+        # embedded trainer's only
+        o += ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"]
     if algo == "dapo":
         o.append("reward.reward_manager.name=dapo")
         if a.overlong_buffer > 0:
@@ -263,6 +262,8 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     ]
     if b.device == "cpu":  # vLLM's CPU build (suite.verl.cpu_workarounds)
         o += list(VERL_CPU_OVERRIDES)
+        if a.dynamic_sampling:  # only verl's v1 trainer filters groups (TransferQueue, one storage actor)
+            o += list(VERL_CPU_V1_OVERRIDES)
     return o + list(b.extra_overrides)
 
 

@@ -104,7 +104,7 @@ def test_the_dry_run_runs_every_value_of_the_recipe(tmp_path, tiny_qwen2, name):
         assert v[AR].actor.ppo_mini_batch_size == mini
         assert v[AR].actor.use_kl_loss == (values["algo.kl_coef"] > 0)
         if values.get("algo.dynamic_sampling"):
-            assert v.algorithm.filter_groups.max_num_gen_batches == values["algo.max_resample_rounds"] + 1
+            assert v.algorithm.filter_groups.metric == "acc"
             assert v.trainer.use_v1 is True  # the trainer that filters groups
         # the cluster profile's shape, not the backend's defaults
         assert (v.trainer.nnodes, v.trainer.n_gpus_per_node) == (4, 8)
@@ -192,15 +192,21 @@ def test_recipe_refusals_name_the_key_and_the_allowed_values(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_dynamic_sampling_is_refused_where_verl_would_ignore_it():
+def test_dynamic_sampling_runs_on_the_trainer_that_filters_groups():
+    """verl 0.9.1 filters DAPO groups in its v1 trainer only: a DAPO run on CPU (whose other runs use
+    the legacy trainer) is switched to it, and an override back to the legacy trainer is refused."""
     from suite.config import ConfigError, compose_config
+    from suite.verl.translate import compose_verl_config, verl_overrides
 
-    base = ["backend=verl", "algo=dapo", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"]
-    with pytest.raises(ConfigError, match="algo.dynamic_sampling.*legacy trainer"):
-        compose_config([*base, "backend.device=cpu", "quant=bf16"])
+    base = ["backend=verl", "algo=dapo", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v",
+            "backend.device=cpu", "quant=bf16"]
     with pytest.raises(ConfigError, match="backend.extra_overrides.*trainer.use_v1=false"):
         compose_config([*base, "backend.extra_overrides=[trainer.use_v1=false]"])
-    assert compose_config([*base, "backend.device=cpu", "quant=bf16", "algo.dynamic_sampling=false"])
+    dapo = compose_verl_config(verl_overrides(compose_config(base), "/tmp/r"))
+    assert dapo.trainer.use_v1 is True and dapo.algorithm.filter_groups.enable is True
+    assert dapo.transfer_queue.backend.SimpleStorage.num_data_storage_units == 1
+    plain = compose_verl_config(verl_overrides(compose_config([*base, "algo.dynamic_sampling=false"]), "/tmp/r"))
+    assert plain.trainer.use_v1 is False and plain.algorithm.filter_groups.enable is False
 
 
 def test_dynamic_batches_must_hold_one_whole_sequence():

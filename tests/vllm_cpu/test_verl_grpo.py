@@ -109,13 +109,17 @@ def test_verl_grpo_two_steps_on_vllm_cpu(tmp_path):
 
 
 
+ERROR_MARKS = ("Traceback (most recent call last)", " ERROR ", "out of memory", "OutOfMemory", "corruption",
+               "Segmentation fault", "core dumped", "EngineDeadError", "Worker failed")
+
+
 def _root_cause(runs) -> str:
     """The first error verl's log holds (a dead vLLM engine's own traceback comes long before
     the driver's last lines), so a failure in CI says why the engine died."""
     for log in sorted(runs.glob("*/verl.log")):
         lines = log.read_text(errors="replace").splitlines()
         for i, line in enumerate(lines):
-            if any(m in line for m in ("Traceback", "Error", "corruption", "Segmentation fault", "core dumped")):
+            if "Warning" not in line and any(m in line for m in ERROR_MARKS):
                 return f"\n--- first error in {log}:\n" + "\n".join(lines[max(0, i - 5):i + 40])
     return ""
 
