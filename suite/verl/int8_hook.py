@@ -225,6 +225,8 @@ def _make_extension():
             rollout = _rollout()
             lora = bool(peft_config and base_sync_done)
             if rollout is None or lora:
+                if not lora:  # a 16-bit rollout: vLLM CPU packed its linears after loading (no-op on GPU)
+                    restage_prepacked(self.model_runner.model)
                 return super().update_weights_from_ipc(peft_config, base_sync_done, use_shm)
             start = time.perf_counter()
             model = self.model_runner.model

@@ -101,8 +101,9 @@ def _compare(got, want) -> float:
     return worst
 
 
-def _sync(llm, weights: list) -> float:
-    """One verl weight sync into ``llm``: verl's sender in a thread, the engine's receiver here."""
+def sync_weights(llm, weights: list, bucket_mb: int = BUCKET_MB) -> float:
+    """One verl weight sync into ``llm`` (an engine in this process with the suite's worker extension):
+    verl's sender in a thread, the engine's receiver here; returns the receiver's seconds."""
     from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
 
     handle = f"ipc:///tmp/rl-colocate-zmq-{os.environ['VERL_RAY_JOB_ID']}-replica-0-rank-0.sock"
@@ -110,7 +111,7 @@ def _sync(llm, weights: list) -> float:
 
     def send():
         try:
-            sender = BucketedWeightSender(handle, bucket_size_mb=BUCKET_MB, use_shm=True)
+            sender = BucketedWeightSender(handle, bucket_size_mb=bucket_mb, use_shm=True)
             asyncio.run(sender.async_send_weights(iter(weights)))
         except BaseException as exc:  # noqa: BLE001 (re-raised below: a dead sender would hang the receiver)
             errors.append(exc)
@@ -200,7 +201,7 @@ def check_sync(device: str, root: Path) -> str:
     parts = []
     for seed in (1, 0, 1):  # B, back to A, B again
         weights = list(load_file(str(ck[seed]["fp"] / "model.safetensors")).items())
-        seconds = _sync(llm, weights)
+        seconds = sync_weights(llm, weights)
         try:
             worst = _compare(_rollouts(llm, prompts), want[seed])
         except CheckFailed as exc:

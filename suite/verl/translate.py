@@ -262,6 +262,8 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     ]
     if b.device == "cpu":  # vLLM's CPU build (suite.verl.cpu_workarounds)
         o += list(VERL_CPU_OVERRIDES)
+        if VERL_ROLLOUTS[precision].weight_sync is None:  # the extension re-stages the linears vLLM CPU packed
+            o.append(f"+{ar}.rollout.engine_kwargs.vllm.worker_extension_cls={WORKER_EXTENSION}")
         if a.dynamic_sampling:  # only verl's v1 trainer filters groups (TransferQueue, one storage actor)
             o += list(VERL_CPU_V1_OVERRIDES)
     return o + list(b.extra_overrides)

@@ -343,3 +343,20 @@ def test_cpu_run_overrides_compose_against_verls_config(verl_paths, composer):
     vcfg = composer.compose(o)
     assert vcfg.trainer.device == "cpu" and vcfg.actor_rollout_ref.actor.strategy == "fsdp2"
     validate_verl_config(vcfg)
+
+
+def test_every_cpu_rollout_gets_the_worker_extension_once():
+    """vLLM's CPU build packs 16-bit linears after loading, so a bf16 (or verl-native fp8) rollout on
+    CPU needs the suite's extension to re-stage them at each weight sync, like int8 / w4a16 have it;
+    on GPU a bf16 rollout runs verl's stock worker."""
+    from suite.config import compose_config
+    from suite.verl.rollout_quant import WORKER_EXTENSION
+
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls"
+    base = ["backend=verl", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"]
+    for device, precision, want in (("cpu", "bf16", 1), ("cpu", "int8", 1), ("cpu", "w4a16", 1), ("cuda", "bf16", 0),
+                                    ("cuda", "int8", 1)):
+        o = verl_overrides(compose_config([*base, f"backend.device={device}", f"quant={precision}"]), "/tmp/r")
+        got = [x for x in o if x.lstrip("+").startswith(key + "=")]
+        assert len(got) == want and all(x.endswith("=" + WORKER_EXTENSION) for x in got), (device, precision, got)
+        compose_verl_config(o)  # one value per key: Hydra refuses a second `+key=...`

