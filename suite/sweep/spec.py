@@ -423,7 +423,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
         try:
             cfg = composer.compose(ov)
             if profile is not None and cfg.backend.name == "verl":
-                shape = _cluster_shape(ov, cfg, resources, profile, launcher.profile)
+                shape = _cluster_shape(ov, cfg, cli_only, profile, launcher.profile)
                 if shape:
                     ov = ov + shape
                     cfg = composer.compose(ov)
@@ -472,8 +472,9 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
 
 def _cluster_shape(ov: list[str], cfg, resources: Resources, profile: SlurmProfile, profile_name: str) -> list[str]:
     """The overrides that make a verl cell's Ray cluster the SLURM job's: ``backend.nnodes`` and
-    ``backend.n_gpus_per_node`` follow the cluster profile (and ``resources.nodes`` /
-    ``resources.gpus_per_node``); a cell that sets either to another value is refused, naming both."""
+    ``backend.n_gpus_per_node`` follow the cluster profile (and the command line's ``resources.nodes`` /
+    ``resources.gpus_per_node``: what the SLURM job gets, see :func:`_verl_resources`); a cell that sets
+    either to another value is refused, naming both."""
     from suite.config import ConfigError
 
     nodes = resources.nodes or profile.nodes
