@@ -9,9 +9,11 @@ Ids: ``0 = <pad>``, ``1 = <bos>``, ``2 = <eos>``, then the characters of ``CHARS
 The vocabulary is fixed in code (never built from data), so a checkpoint's embedding rows keep
 their meaning across runs and machines.
 
-Sequence convention (see docs/architecture.md): a training or rollout sequence is
-``[<bos>] + encode(prompt) + encode(response) + [<eos>]``; the trainer / warm start append the
-``<eos>`` after the response trace, and the rollout engine stops on ``eos_id``.
+Sequence convention: a training or rollout sequence is ``encode(prompt) + encode(response) +
+[<eos>]``, with no ``<bos>`` (the warm start, the trainer and the engines never add one;
+``add_bos`` exists for callers that want it); the warm start appends the ``<eos>`` after the
+response trace, and the rollout engine stops on ``eos_id``. A Hugging Face export of the model
+must therefore render a prompt as its characters alone.
 """
 
 from __future__ import annotations
