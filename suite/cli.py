@@ -23,7 +23,7 @@ import time
 # Hydra's composition or torch, which suite.config imports (its registries live with torch code).
 
 
-def _compose_or_exit(overrides: list[str]):
+def compose_or_exit(overrides: list[str]):
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -45,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides.insert(0, args.cfg)
         args.cfg = "job"
     _refuse_multirun(args.multirun, overrides)
-    cfg = _compose_or_exit(overrides)
+    cfg = compose_or_exit(overrides)
     from omegaconf import OmegaConf
 
     from suite.config import run_id
@@ -182,6 +182,7 @@ _PLUGINS: tuple[str, ...] = (
     "suite.bench",
     "suite.report.cli",
     "suite.verl.data",
+    "suite.embedded.export",
 )
 
 

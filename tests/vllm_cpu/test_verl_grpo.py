@@ -11,7 +11,6 @@ run checks the mechanics and where the metrics land, not learning.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -71,10 +70,7 @@ def _data(tmp_path):
 def run_verl(tmp_path, reward: str, *overrides: str, precision: str = PRECISION):
     """`suite run backend=verl backend.device=cpu` of the tiny model on the arith parquet, scored by
     ``reward`` (a python file's text), with ``overrides`` last; (the process, its MLflow store)."""
-    model = save_hf(tiny_model(0), tmp_path / "model")
-    tc = json.loads((model / "tokenizer_config.json").read_text())
-    tc["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # verl's dataset applies one
-    (model / "tokenizer_config.json").write_text(json.dumps(tc))
+    model = save_hf(tiny_model(0), tmp_path / "model")  # its chat template writes the content alone
     paths, task = _data(tmp_path)
     (tmp_path / "reward.py").write_text(reward)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

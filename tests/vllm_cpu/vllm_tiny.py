@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from suite.embedded.model import ModelConfig, Transformer, to_hf_llama
+from suite.embedded.model import ModelConfig, Transformer
 from suite.embedded.tokenizer import CharTokenizer
 
 D_MODEL, N_HEADS, N_LAYERS = 64, 2, 2  # head_dim 32: the smallest vLLM CPU serves
@@ -38,21 +38,11 @@ def tiny_model(seed: int = 0, scale: float = 3.0) -> Transformer:
 
 
 def save_hf(model: Transformer, out: Path) -> Path:
-    """``model`` as a float32 HF ``LlamaForCausalLM`` checkpoint + the character tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    """``model`` as a float32 HF ``LlamaForCausalLM`` checkpoint + the character tokenizer, as
+    `suite export` writes them (suite.embedded.export.save_hf_model)."""
+    from suite.embedded.export import save_hf_model
 
-    kw, sd = to_hf_llama(model)
-    tok = CharTokenizer()
-    hf = LlamaForCausalLM(LlamaConfig(**kw, torch_dtype="float32", bos_token_id=tok.bos_id, eos_token_id=tok.eos_id,
-                                      pad_token_id=tok.pad_id))
-    hf.load_state_dict(sd)
-    hf.save_pretrained(out, safe_serialization=True)
-    t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(tok.itos)}, unk_token="<pad>"))
-    t.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-                            unk_token="<pad>").save_pretrained(out)
-    return out
+    return save_hf_model(model, CharTokenizer(), out)
 
 
 def checkpoints(root: Path, seed: int = 0) -> dict[str, Path]:

@@ -1,0 +1,129 @@
+"""`suite export [OVERRIDES] --out DIR`: an embedded run's warm-started model and its task, as the verl
+backend reads them, so that the same cell can run on both backends.
+
+    suite export task.difficulty=1 --out /tmp/arith1
+    -> DIR/model/        Hugging Face Llama (config, safetensors) + the character tokenizer
+       DIR/train.parquet the run's training pool (the prompts its RL steps draw from), verl's RL format
+       DIR/test.parquet  its held-out set (the prompts it evaluates on)
+       DIR/reward.py     compute_score() calling the task's own verify
+
+The model is the cached warm start `suite run` with the same overrides starts from (made and
+cached here if missing), before UAQ: the verl backend applies `uaq.s` to the exported directory
+itself. Sequences are the embedded ones: a prompt is its characters, no `<bos>`
+(suite.embedded.tokenizer), so the tokenizer's chat template writes the message's content alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+REWARD = '''"""The reward of an exported embedded task (suite export): the task's own verify."""
+from suite.embedded.tasks import make_task
+from suite.embedded.traces import Example
+
+TASKS = {{}}
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    difficulty = int((extra_info or {{}}).get("difficulty", {difficulty}))
+    task = TASKS.setdefault((data_source, difficulty), make_task(data_source, difficulty))
+    return float(task.verify(solution_str, Example(prompt="", response="", answer=str(ground_truth))))
+'''
+
+
+def save_hf_model(model, tokenizer, out: Path) -> Path:
+    """``model`` (suite.embedded.model.Transformer) as a float32 HF ``LlamaForCausalLM`` + ``tokenizer``
+    (CharTokenizer) as a fast tokenizer with the same ids and a chat template of the content alone."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from suite.embedded.model import to_hf_llama
+
+    kw, sd = to_hf_llama(model)
+    hf = LlamaForCausalLM(LlamaConfig(**kw, torch_dtype="float32", bos_token_id=tokenizer.bos_id,
+                                      eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id))
+    hf.load_state_dict(sd)
+    hf.save_pretrained(out, safe_serialization=True)
+    t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(tokenizer.itos)}, unk_token="<pad>"))
+    t.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    t.decoder = decoders.Fuse()  # characters back to the text as written (WordLevel's default joins with spaces)
+    fast = PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+                                   unk_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return out
+
+
+def _parquet(examples, task_name: str, difficulty: int, split: str, path: Path) -> None:
+    import pandas as pd
+
+    rows = [{"data_source": task_name, "prompt": [{"role": "user", "content": ex.prompt}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": ex.answer},
+             "extra_info": {"split": split, "index": i, "difficulty": difficulty}}
+            for i, ex in enumerate(examples)]
+    pd.DataFrame(rows).to_parquet(path)
+
+
+def export(cfg, out: str | os.PathLike, *, progress: bool = True) -> dict[str, str]:
+    """Write the warm start of ``cfg`` (a composed embedded config) and its task's data to ``out``
+    (absent or empty); returns the paths written."""
+    import tempfile
+
+    import torch
+
+    from suite.embedded.model import Transformer
+    from suite.embedded.trainer import EmbeddedRun
+    from suite.embedded.warmstart import load_or_train
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"--out {out}: exists and is not empty")
+    with tempfile.TemporaryDirectory() as scratch:  # EmbeddedRun wants a run directory; nothing is run
+        run = EmbeddedRun(cfg, scratch, progress=False)
+    state, info = load_or_train(run.model_cfg, run.task, run.task_name, run.task_difficulty, run.tokenizer,
+                                bf16_autocast=run.bf16, progress=progress, **run.warm_start)
+    model = Transformer(run.model_cfg)
+    model.load_state_dict(state)
+    out.mkdir(parents=True, exist_ok=True)
+    save_hf_model(model.eval().to(torch.float32), run.tokenizer, out / "model")
+    _parquet(run.train_pool, run.task_name, run.task_difficulty, "train", out / "train.parquet")
+    _parquet(run.eval_set, run.task_name, run.task_difficulty, "test", out / "test.parquet")
+    (out / "reward.py").write_text(REWARD.format(difficulty=run.task_difficulty))
+    paths = {"model": str(out / "model"), "train": str(out / "train.parquet"), "test": str(out / "test.parquet"),
+             "reward": str(out / "reward.py")}
+    (out / "export.json").write_text(json.dumps({**paths, "warm_start": info.get("cache_path", ""),
+                                                 "task": run.task_name, "difficulty": run.task_difficulty,
+                                                 "model_preset": cfg.model.preset}, indent=2))
+    return paths
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from suite.cli import compose_or_exit
+
+    cfg = compose_or_exit(list(args.overrides))
+    if cfg.backend.name != "embedded":
+        print("suite export: exports the embedded backend's model; drop backend=...", file=sys.stderr)
+        return 2
+    try:
+        paths = export(cfg, args.out, progress=sys.stderr.isatty())
+    except ValueError as exc:
+        print(f"suite export: {exc}", file=sys.stderr)
+        return 2
+    for what, path in paths.items():
+        print(f"{what}: {path}")
+    print(f"run it on verl: suite run backend=verl backend.model_path={paths['model']} "
+          f"backend.train_files={paths['train']} backend.val_files={paths['test']} backend.reward_fn_path="
+          f"{paths['reward']} ...")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("export", help="an embedded run's warm-started model and task data, for verl")
+    p.add_argument("--out", required=True, help="new directory (absent or empty)")
+    p.add_argument("overrides", nargs="*", help="the run's Hydra overrides, as for `suite run` (task.difficulty=1)")
+    p.set_defaults(func=cmd_export)

@@ -1,0 +1,116 @@
+"""`suite export`: the warm-started embedded model as a Hugging Face Llama whose logits equal the
+embedded model's, a tokenizer and chat template that give the embedded token ids, and the task's
+train pool / held-out set as verl parquet scored by the task's own verify."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+OVERRIDES = ["task.difficulty=1", "task.n_eval=8", "warm_start.steps=20", "warm_start.batch_size=8", "threads=1"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from suite.config import compose_config
+    from suite.embedded.export import export
+
+    root = tmp_path_factory.mktemp("export")
+    cfg = compose_config([*OVERRIDES, f"warm_start.cache_dir={root / 'warm'}"])
+    paths = export(cfg, root / "out", progress=False)
+    return cfg, paths, root
+
+
+def test_the_exported_model_computes_the_embedded_logits(exported):
+    from transformers import LlamaForCausalLM
+
+    from suite.embedded.model import PRESETS, ModelConfig, Transformer
+    from suite.embedded.tokenizer import CharTokenizer
+
+    cfg, paths, root = exported
+    meta = json.loads((root / "out" / "export.json").read_text())
+    state = torch.load(meta["warm_start"], map_location="cpu", weights_only=True)["state_dict"]
+    tok = CharTokenizer()
+    emb = Transformer(ModelConfig(**{**PRESETS[cfg.model.preset], "vocab_size": tok.vocab_size}))
+    emb.load_state_dict(state)
+    hf = LlamaForCausalLM.from_pretrained(paths["model"], torch_dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, tok.vocab_size, (3, 40), generator=g)
+    with torch.no_grad():
+        want = emb.eval()(ids).float()
+        got = hf(input_ids=ids).logits.float()
+    assert got.shape == want.shape
+    # the same network in float32, two implementations: rounding only (measured max ~1e-5 of logits ~10)
+    assert (got - want).abs().max().item() < 1e-4 * want.abs().max().item()
+    assert not torch.equal(want[0], want[1])  # different inputs, different logits: the comparison can fail
+
+
+def test_the_chat_template_gives_the_embedded_token_ids(exported):
+    """verl renders a prompt with the chat template and tokenizes it without special tokens; the
+    result must be the embedded prompt ids (no <bos>), and <eos> must be the embedded eos id."""
+    from transformers import AutoTokenizer
+
+    from suite.embedded.tasks import make_split, make_task
+    from suite.embedded.tokenizer import CharTokenizer
+
+    _, paths, _ = exported
+    hf = AutoTokenizer.from_pretrained(paths["model"])
+    tok = CharTokenizer()
+    for ex in make_split(make_task("arith", 1), 5, seed=3, split="eval"):
+        text = hf.apply_chat_template([{"role": "user", "content": ex.prompt}], add_generation_prompt=True,
+                                      tokenize=False)
+        assert text == ex.prompt
+        assert hf(text, add_special_tokens=False)["input_ids"] == tok.encode(ex.prompt)
+        assert hf.decode(tok.encode(ex.response) + [tok.eos_id], skip_special_tokens=True) == ex.response
+    text = "Ann has 3 apples; (12 - 5) / 7 = 1, #1?"  # the word problems' spaces and punctuation
+    assert hf(text, add_special_tokens=False)["input_ids"] == tok.encode(text)
+    assert hf.decode(tok.encode(text)) == text  # verl scores the decoded response text
+    assert (hf.eos_token_id, hf.pad_token_id) == (tok.eos_id, tok.pad_id)
+
+
+def test_the_data_are_the_runs_prompts_and_the_reward_is_the_tasks_verify(exported):
+    import pandas as pd
+
+    from suite.embedded.config import TRAIN_POOL
+    from suite.embedded.tasks import make_split, make_task
+    from suite.embedded.trainer import EVAL_SEED
+
+    cfg, paths, _ = exported
+    task = make_task("arith", 1)
+    test = pd.read_parquet(paths["test"])
+    held_out = make_split(task, cfg.task.n_eval, EVAL_SEED, "eval")
+    assert [p[0]["content"] for p in test["prompt"]] == [e.prompt for e in held_out]
+    assert list(test["reward_model"].map(lambda r: r["ground_truth"])) == [e.answer for e in held_out]
+    assert set(test["data_source"]) == {"arith"}  # held-out accuracy lands as val-core/arith/...
+    train = pd.read_parquet(paths["train"])
+    assert len(train) == TRAIN_POOL and train["prompt"][0][0]["content"] == make_split(task, 1, cfg.seed,
+                                                                                        "train")[0].prompt
+    spec = importlib.util.spec_from_file_location("exported_reward", paths["reward"])
+    reward = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward)
+    for ex in held_out:
+        extra = {"difficulty": 1}
+        assert reward.compute_score("arith", ex.response, ex.answer, extra) == 1.0
+        assert reward.compute_score("arith", ex.response, str(int(ex.answer) + 1), extra) == 0.0
+
+
+def test_export_refuses_a_used_directory_and_another_backend(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("x")
+    cli = "import sys; from suite.cli import main; sys.argv[0] = 'suite'; sys.exit(main())"
+    proc = subprocess.run([sys.executable, "-c", cli, "export", "--out", str(tmp_path / "out"), *OVERRIDES,
+                           f"warm_start.cache_dir={tmp_path / 'warm'}"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"})
+    assert proc.returncode == 2 and "exists and is not empty" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["keep.txt"]
+    assert not (tmp_path / "warm").exists()  # refused before any training
+    proc = subprocess.run([sys.executable, "-c", cli, "export", "--out", str(tmp_path / "o2"), "backend=verl",
+                           "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "embedded backend" in proc.stderr and not (tmp_path / "o2").exists()
