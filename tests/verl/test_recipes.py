@@ -77,11 +77,18 @@ def _cells(stdout: str) -> list[tuple[list[str], list[str]]]:
             if line.strip().startswith("$ ")]
 
 
+@pytest.fixture(scope="module")
+def composer():
+    from suite.verl.translate import VerlConfigComposer
+
+    return VerlConfigComposer()  # verl's defaults composed once; equal to a full compose (tests/verl/test_translate.py)
+
+
 @pytest.mark.parametrize("name", PAPER)
-def test_the_dry_run_runs_every_value_of_the_recipe(tmp_path, tiny_qwen2, name):
+def test_the_dry_run_runs_every_value_of_the_recipe(tmp_path, tiny_qwen2, composer, name):
     from omegaconf import OmegaConf
 
-    from suite.verl.translate import compose_verl_config, validate_verl_config
+    from suite.verl.translate import validate_verl_config
 
     proc = _dry_run(tmp_path, name, "h100x8x4", model=str(tiny_qwen2))
     assert proc.returncode == 0, proc.stderr
@@ -94,7 +101,7 @@ def test_the_dry_run_runs_every_value_of_the_recipe(tmp_path, tiny_qwen2, name):
     for row, argv in cells:
         axes = dict(zip(header, row))
         overrides = argv[3:]
-        v = compose_verl_config(overrides)  # verl's own config: an unknown key fails here
+        v = composer.compose(overrides)  # verl's own config: an unknown key fails here
         if axes["uaq.s"] == "1.0":  # verl's check loads the model (the UAQ copy is made at launch)
             validate_verl_config(v)
         for key, verl_key in SAME.items():
