@@ -78,15 +78,13 @@ def export(cfg, out: str | os.PathLike, *, progress: bool = True) -> dict[str, s
 
     from suite.embedded.model import Transformer
     from suite.embedded.trainer import EmbeddedRun
-    from suite.embedded.warmstart import load_or_train
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out}: exists and is not empty")
     with tempfile.TemporaryDirectory() as scratch:  # EmbeddedRun wants a run directory; nothing is run
         run = EmbeddedRun(cfg, scratch, progress=False)
-    state, info = load_or_train(run.model_cfg, run.task, run.task_name, run.task_difficulty, run.tokenizer,
-                                bf16_autocast=run.bf16, progress=progress, **run.warm_start)
+    state, info = run.load_warm_start(progress)
     model = Transformer(run.model_cfg)
     model.load_state_dict(state)
     out.mkdir(parents=True, exist_ok=True)

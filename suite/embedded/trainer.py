@@ -130,12 +130,16 @@ class EmbeddedRun:
         self.task_difficulty = cfg.task.difficulty
 
     # ---------------------------------------------------------------- set-up
+    def load_warm_start(self, progress: bool | None = None) -> tuple[dict, dict]:
+        """(state dict, info) of this run's warm start: from the cache, or trained and cached."""
+        return load_or_train(
+            self.model_cfg, self.task, self.task_name, self.task_difficulty, self.tokenizer,
+            bf16_autocast=self.bf16, progress=self.progress if progress is None else progress, **self.warm_start,
+        )
+
     def build(self) -> None:
         """Warm start (cached), actor, optimizer, engines and RNG streams; `run()` calls it first."""
-        state, self.warm_info = load_or_train(
-            self.model_cfg, self.task, self.task_name, self.task_difficulty, self.tokenizer,
-            bf16_autocast=self.bf16, progress=self.progress, **self.warm_start,
-        )
+        state, self.warm_info = self.load_warm_start()
         o = self.optim
         self.actor, self.qnames = parts.policy(self.model_cfg, state, seed=self.seed, uaq_s=self.uaq_s,
                                                lm_head=self.quant_lm_head)

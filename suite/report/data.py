@@ -281,7 +281,7 @@ def history_frame(long: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     wide = wide.merge(meta, on="mlflow_run_id", how="left")
     acc = np.full(len(wide), np.nan)
     # the keys each run's `acc` averages (its own task's mean@1 where the column is empty)
-    metric_of = {r: m or acc_key(t) for r, m, t in zip(runs["mlflow_run_id"], runs.get("acc_metric", ""), runs["task"])}
+    metric_of = {r: m or acc_key(t) for r, m, t in zip(runs["mlflow_run_id"], runs["acc_metric"], runs["task"])}
     run_metric = wide["mlflow_run_id"].map(metric_of).fillna("")
     for metric in run_metric.unique():
         keys = [k for k in str(metric).split(";") if k]
@@ -345,8 +345,9 @@ def load_runs(
     _progress(f"{len(mruns)} runs found in {t_search:.1f} s ({tracking_uri})", quiet)
     runs = runs_frame(mruns)
     tasks = [t for t in runs["task"].unique() if t]
-    acc_keys = {k for m in runs["acc_metric"].dropna() for k in str(m).split(";") if k}
-    keys = list(history_keys) + sorted(acc_keys | {acc_key(t) for t in tasks} | {rollout_acc_key(t) for t in tasks})
+    # each run's held-out keys (its acc_metric: its task's mean@1, or the mean@N verl logged)
+    acc_keys = {k for m in runs["acc_metric"] for k in str(m).split(";") if k}
+    keys = list(history_keys) + sorted(acc_keys | {rollout_acc_key(t) for t in tasks})
     t1 = time.perf_counter()
     long, used = read_history(client, runs["mlflow_run_id"].tolist(), keys, source=history_source)
     t_hist = time.perf_counter() - t1

@@ -475,6 +475,8 @@ def _cluster_shape(ov: list[str], cfg, resources: Resources, profile: SlurmProfi
     ``backend.n_gpus_per_node`` follow the cluster profile (and the command line's ``resources.nodes`` /
     ``resources.gpus_per_node``: what the SLURM job gets, see :func:`_verl_resources`); a cell that sets
     either to another value is refused, naming both."""
+    from omegaconf import OmegaConf
+
     from suite.config import ConfigError
 
     nodes = resources.nodes or profile.nodes
@@ -485,10 +487,11 @@ def _cluster_shape(ov: list[str], cfg, resources: Resources, profile: SlurmProfi
     out = []
     for key, want in (("backend.nnodes", nodes), ("backend.n_gpus_per_node", gpus)):
         given = [o for o in ov if override_key(o) == key]
-        if given and int(cfg.backend[key.split(".")[1]]) != int(want):
+        have = int(OmegaConf.select(cfg, key))
+        if given and have != int(want):
             raise ConfigError(f"{given[-1]} contradicts cluster={profile_name} ({want}): the verl run's Ray "
                               f"cluster is the SLURM job's; drop {key} or choose a profile that has {key}={want}")
-        if not given and want and int(cfg.backend[key.split(".")[1]]) != int(want):
+        if not given and want and have != int(want):
             out.append(f"{key}={int(want)}")
     return out
 

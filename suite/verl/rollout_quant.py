@@ -61,7 +61,8 @@ class VerlRollout:
     vllm_cpu_needs: str = ""  # what it needs there, for the error message
 
 
-_EXTENSION = ((f"+{AR}.engine_kwargs.vllm.worker_extension_cls", WORKER_EXTENSION),)
+# the override that makes vLLM build its workers with the suite's extension (weight sync, re-staging)
+EXTENSION_OVERRIDES = ((f"+{AR}.engine_kwargs.vllm.worker_extension_cls", WORKER_EXTENSION),)
 
 # In the order config errors list them (bf16, fp8, int8, w4a16).
 VERL_ROLLOUTS: dict[str, VerlRollout] = {
@@ -74,7 +75,7 @@ VERL_ROLLOUTS: dict[str, VerlRollout] = {
         on_vllm_cpu=lambda features: features.amx, vllm_cpu_needs="AMX",
     ),
     "int8": VerlRollout(
-        _EXTENSION + ((f"+{AR}.engine_kwargs.vllm.quantization", "compressed-tensors"),
+        EXTENSION_OVERRIDES + ((f"+{AR}.engine_kwargs.vllm.quantization", "compressed-tensors"),
                       (f"+{AR}.engine_kwargs.vllm.hf_overrides", {"quantization_config": W8A8_QUANT_CONFIG})),
         "requantize", lambda g, sym: QuantScheme(precision="int8"),
         # vLLM CPU's W8A8 linear is oneDNN's s8 x s8 matmul (or sgl-kernel's on AMX): exact with a
@@ -87,7 +88,8 @@ VERL_ROLLOUTS: dict[str, VerlRollout] = {
                        "\"vLLM's CPU INT8 without VNNI\")",
     ),
     "w4a16": VerlRollout(
-        _EXTENSION, "fake_quant", lambda g, sym: QuantScheme(precision="w4a16", group_size=int(g), symmetric=sym),
+        EXTENSION_OVERRIDES, "fake_quant",
+        lambda g, sym: QuantScheme(precision="w4a16", group_size=int(g), symmetric=sym),
         ("group_size", "symmetric"),
     ),
 }

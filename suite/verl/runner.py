@@ -169,11 +169,7 @@ def _prepare_model(cfg: DictConfig, run_dir: str, log=print) -> str:
     from suite.verl.hf_uaq import transform
 
     log(f"suite verl: UAQ s={cfg.uaq.s:g}: {src} -> {dst}")
-    try:
-        transform(src, dst, cfg.uaq.s, log=log)
-    except (OSError, ValueError):
-        if not os.path.isfile(os.path.join(dst, "uaq.json")):  # not a concurrent run's finished copy
-            raise
+    transform(src, dst, cfg.uaq.s, log=log)  # the run's own copy, made under the run's lock
     return dst
 
 

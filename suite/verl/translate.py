@@ -39,6 +39,7 @@ from suite.verl import LOSS_PARAMS_ENV
 from suite.verl.aligned import ALIGNED_ENV
 from suite.verl.cpu_workarounds import CPU_ENV, VERL_CPU_OVERRIDES, VERL_CPU_V1_OVERRIDES
 from suite.verl.rollout_quant import (  # noqa: F401
+    EXTENSION_OVERRIDES,
     VERL_ROLLOUTS,
     W8A8_QUANT_CONFIG,
     WORKER_EXTENSION,
@@ -138,7 +139,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     o: list[str] = [
         # algorithm
         f"algorithm.adv_estimator={ADV_ESTIMATORS[algo]}",
-        f"algorithm.norm_adv_by_std_in_grpo={str(bool(a.norm_adv_by_std)).lower()}",
+        f"algorithm.norm_adv_by_std_in_grpo={_b(a.norm_adv_by_std)}",
         f"algorithm.gamma={_f(a.gamma)}",
         f"algorithm.lam={_f(a.lam if algo == 'ppo' else 1.0)}",
         "algorithm.use_kl_in_reward=false",
@@ -170,7 +171,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"{ar}.actor.clip_ratio_high={_f(a.clip_high)}",
         f"{ar}.actor.clip_ratio_c={_f(a.dual_clip if a.dual_clip is not None else DUAL_CLIP_OFF)}",
         f"{ar}.actor.loss_agg_mode={a.agg}",
-        f"{ar}.actor.use_kl_loss={str(a.kl_coef > 0).lower()}",
+        f"{ar}.actor.use_kl_loss={_b(a.kl_coef > 0)}",
         f"{ar}.actor.kl_loss_coef={_f(a.kl_coef)}",
         f"{ar}.actor.kl_loss_type={KL_TYPES[a.kl_estimator]}",
         f"{ar}.actor.entropy_coeff=0.0",
@@ -188,7 +189,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"{ar}.rollout.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
         f"{ar}.rollout.log_prob_max_token_len_per_gpu={b.log_prob_max_token_len_per_gpu}",
         f"{ar}.rollout.val_kwargs.temperature={_f(r.eval_temperature)}",
-        f"{ar}.rollout.val_kwargs.do_sample={str(r.eval_temperature > 0).lower()}",
+        f"{ar}.rollout.val_kwargs.do_sample={_b(r.eval_temperature > 0)}",
         f"{ar}.rollout.val_kwargs.n={b.val_n}",
         f"{ar}.rollout.val_kwargs.top_p={_f(b.val_top_p)}",
         f"{ar}.rollout.seed={cfg.seed}",
@@ -207,7 +208,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         o += [f"{rc}.rollout_is=token", f"{rc}.rollout_is_threshold={_f(NEVER_TRUNCATE)}"]
     else:  # naive (stock pipeline) and bypass: no IS weight
         o += [f"{rc}.rollout_is=null"]
-    o += [f"{rc}.bypass_mode={str(how == 'bypass').lower()}", f"{rc}.rollout_is_batch_normalize=false"]
+    o += [f"{rc}.bypass_mode={_b(how == 'bypass')}", f"{rc}.rollout_is_batch_normalize=false"]
     if how == "bypass":
         o.append(f"{rc}.loss_type=ppo_clip")  # verl: PPO clip with pi_theta / pi_rollout
     # algorithm specifics
@@ -263,7 +264,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     if b.device == "cpu":  # vLLM's CPU build (suite.verl.cpu_workarounds)
         o += list(VERL_CPU_OVERRIDES)
         if VERL_ROLLOUTS[precision].weight_sync is None:  # the extension re-stages the linears vLLM CPU packed
-            o.append(f"+{ar}.rollout.engine_kwargs.vllm.worker_extension_cls={WORKER_EXTENSION}")
+            o += [f"{key}={value}" for key, value in EXTENSION_OVERRIDES]
         if a.dynamic_sampling:  # only verl's v1 trainer filters groups (TransferQueue, one storage actor)
             o += list(VERL_CPU_V1_OVERRIDES)
     return o + list(b.extra_overrides)
