@@ -48,10 +48,17 @@ class CpuFeatures:
     amx: bool  # AMX tiles (int8 and bf16)
     capped: str = ""  # the ISA cap in force (ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA), "" if none
     avx_vnni: bool = False  # 256-bit VNNI (AVX-VNNI: Alder Lake, Sapphire Rapids, Zen 5); not in label()
+    avx2: bool = False  # the suite's exact int8 GEMM (vpmaddwd) runs its AVX2 loops; not in label()
 
     @property
     def int8_native(self) -> bool:
         return self.avx512_vnni or self.amx
+
+    @property
+    def int8_fast(self) -> bool:
+        """Whether int8 GEMMs beat float32 ones here: oneDNN's VNNI / AMX kernels, or without them
+        the suite's exact AVX2 kernel (suite.embedded.qlinear.INT8_GEMMS; docs/bench.md)."""
+        return self.int8_native or self.avx2
 
     @property
     def int8_dot_exact(self) -> bool:
@@ -85,15 +92,18 @@ def cpu_features() -> CpuFeatures:
     if onednn in _ONEDNN_AVX2_OR_LESS:
         caps.append(f"ONEDNN_MAX_CPU_ISA={onednn}")
     avx_vnni = "avx_vnni" in proc_cpu_flags()
+    # aten's own capability, which honours ATEN_CPU_CAPABILITY (AVX512 implies AVX2)
+    avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
     if caps:
         # an AVX2_VNNI cap still lets oneDNN use 256-bit VNNI (only oneDNN runs int8 dot products)
         return CpuFeatures(False, False, False, capped=", ".join(caps),
-                           avx_vnni=avx_vnni and onednn in _ONEDNN_AVX2_VNNI)
+                           avx_vnni=avx_vnni and onednn in _ONEDNN_AVX2_VNNI, avx2=avx2)
     return CpuFeatures(
         avx512_vnni=bool(torch.cpu._is_vnni_supported()),
         avx512_bf16=bool(torch.cpu._is_avx512_bf16_supported()),
         amx=bool(torch.cpu._is_amx_tile_supported()),
         avx_vnni=avx_vnni,
+        avx2=avx2,
     )
 
 
@@ -127,8 +137,8 @@ def gemm_fast(precision: str, fp8_granularity: str = "per_channel", device=None)
     if cuda:
         return True
     feats = cpu_features()
-    if dt == torch.int8:  # oneDNN's u8s8 VNNI / AMX kernels
-        return feats.int8_native
+    if dt == torch.int8:  # oneDNN's u8s8 VNNI / AMX kernels, else the suite's exact AVX2 kernel
+        return feats.int8_fast
     return feats.bf16_native  # bf16 GEMMs (also on a weight-only precision's dequantized weights)
 
 
@@ -172,14 +182,15 @@ def int_mm_exact() -> bool:
 def executed_kernels(kernels: str, precision: str) -> str:
     """The GEMM path that really runs for a resolved ``quant.kernels`` on this machine.
 
-    ``native`` int8 without VNNI / AMX runs the emulated path: it computes the same integer sums
-    exactly (suite.embedded.engine; tests/embedded/test_engine.py checks bit equality), where
-    torch's int8 kernel is either far slower than float32 (docs/bench.md, "Measurements behind
-    the code") or, under an ISA cap, inexact (:func:`int_mm_exact`)."""
+    ``native`` int8 without VNNI / AMX runs the suite's exact AVX2 int8 kernel (the same integer
+    sums as torch._int_mm on a VNNI machine; suite.embedded.qlinear.INT8_GEMMS), not torch's
+    int8 kernel, which is there either far slower than float32 (docs/bench.md, "Measurements
+    behind the code") or, under an ISA cap, inexact (:func:`int_mm_exact`). Without AVX2 it runs
+    the emulated path (the same sums while K <= 1040)."""
     import torch
 
     int8_gemm = _quantizer(precision).gemm_dtype == torch.int8
-    if kernels == "native" and int8_gemm and not _cuda() and not cpu_features().int8_native:
+    if kernels == "native" and int8_gemm and not _cuda() and not cpu_features().int8_fast:
         return "emulated"
     return kernels
 

@@ -223,6 +223,7 @@ _flags("bench flags", [
     (["bench", "rollout", "--precisions", "int9", "--no-mlflow"], ["--precisions", "int9"]),
     (["bench", "rollout", "--models", "huge", "--no-mlflow"], ["--models", "huge"]),
     (["bench", "rollout", "--kernels", "fast", "--no-mlflow"], ["--kernels", "fast"]),
+    (["bench", "rollout", "--int8-gemms", "vnni", "--no-mlflow"], ["--int8-gemms", "vnni", "packed"]),
     (["bench", "rollout", "--repeats", "x"], ["--repeats", "x"]),
     (["bench", "nosuch"], ["nosuch"]),
 ])

@@ -74,7 +74,8 @@ def test_an_avx2_machine_resolves_auto_differently_and_gets_another_run_id():
     here = _compose_in({}, ["quant.kernels=auto", "quant.bf16_kernels=auto", "train.autocast=auto"])
     avx2 = _compose_in(AVX2, ["quant.kernels=auto", "quant.bf16_kernels=auto", "train.autocast=auto"])
     assert (here["kernels"], here["bf16_kernels"], here["autocast"]) == ("native", "native", "bf16")
-    assert (avx2["kernels"], avx2["bf16_kernels"], avx2["autocast"]) == ("emulated", "emulated", "fp32")
+    # int8 stays native: without VNNI it runs the suite's exact AVX2 kernel (the same sums)
+    assert (avx2["kernels"], avx2["bf16_kernels"], avx2["autocast"]) == ("native", "emulated", "fp32")
     assert here["id"] != avx2["id"]
 
 
@@ -121,31 +122,36 @@ def test_native_bf16_resolved_elsewhere_is_refused_on_an_avx2_machine_before_any
     assert not db.exists()
 
 
-def test_int8_gemm_without_vnni_is_inexact_so_native_int8_runs_the_exact_emulation():
+def test_int8_gemm_without_vnni_is_inexact_so_native_int8_runs_the_exact_packed_kernel():
     """oneDNN's AVX2 u8s8 path multiplies into saturating int16 pairs: torch._int_mm with oneDNN
     capped below VNNI on a VNNI CPU is wrong on full-range codes (measured max error 79,918 on a
-    64x256x96 product), so a run resolved to native int8 executes the emulated path there, which
-    is exact (an AVX2-only CPU's reference path is exact but 10-20x slower: emulated there too)."""
+    64x256x96 product), so a run resolved to native int8 executes the suite's packed AVX2 kernel
+    there (suite.embedded.qlinear.INT8_GEMMS), which is exact, as the float32 emulation is at
+    this K."""
     code = """
         import torch
         from suite import hardware
+        from suite.embedded import fused
+        from suite.embedded.qlinear import int8_gemm_for
         g = torch.Generator().manual_seed(0)
-        a = torch.randint(-127, 128, (64, 256), generator=g, dtype=torch.int8)
-        b = torch.randint(-127, 128, (256, 96), generator=g, dtype=torch.int8)
+        a = torch.randint(-128, 128, (64, 256), generator=g, dtype=torch.int8)
+        b = torch.randint(-128, 128, (256, 96), generator=g, dtype=torch.int8)
         exact = a.long() @ b.long()
         int_mm_exact = torch.equal(torch._int_mm(a, b).long(), exact)
         assert int_mm_exact == hardware.int_mm_exact()
+        packed = fused.int_mm_packed(a, fused.pack_weight(b.t().contiguous()), 96)
         print(int_mm_exact, torch.equal(torch.nn.functional.linear(a.float(), b.t().float()).long(), exact),
-              hardware.executed_kernels("native", "int8"))
+              torch.equal(packed.long(), exact), hardware.executed_kernels("native", "int8"),
+              int8_gemm_for(True, torch.device("cpu")))
     """
     out = _py(code, AVX2)
     assert out.returncode == 0, out.stderr
-    int_mm_exact, emulated_exact, executed = out.stdout.split()
-    assert emulated_exact == "True" and executed == "emulated"
+    int_mm_exact, emulated_exact, packed_exact, executed, gemm = out.stdout.split()
+    assert emulated_exact == packed_exact == "True"
+    assert (executed, gemm) == ("native", "packed")
     if hardware.cpu_features().int8_native:  # here the cap really changes oneDNN's kernel
         assert int_mm_exact == "False"
-    assert hardware.executed_kernels("native", "int8") == ("native" if hardware.cpu_features().int8_native
-                                                           else "emulated")
+    assert hardware.executed_kernels("native", "int8") == "native"
 
 
 # ----------------------------------------------------------------------------- reproducibility

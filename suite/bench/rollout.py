@@ -49,6 +49,10 @@ def register(sub) -> None:
     p.add_argument("--new-tokens", default="32", help="tokens decoded per sequence, comma-separated (default 32)")
     p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence (default 16)")
     p.add_argument("--kernels", default="auto", help="engine kernels: auto | native | emulated (default auto)")
+    p.add_argument("--int8-gemms", default="",
+                   help="also time int8 with each of these integer GEMMs forced, side by side, comma-separated: "
+                        "int_mm (torch._int_mm: oneDNN) | packed (the suite's exact AVX2 kernel) | float32 "
+                        "(the emulation); rows int8/<gemm> (default: none)")
     p.add_argument("--unfused", action="store_true",
                    help="also time int8 with its unfused W8A8 path (where the fused one runs), side by side")
     p.add_argument("--python-loop", action="store_true",
@@ -102,6 +106,9 @@ def _check(args) -> tuple[list[str], list[str], list[int], list[int]]:
         raise BenchError(f"--prompt-len={args.prompt_len} must be >= 1")
     if args.kernels not in KERNELS:
         raise BenchError(f"--kernels={args.kernels!r} is not allowed; choose from: {', '.join(KERNELS)}")
+    from suite.embedded.qlinear import INT8_GEMMS
+
+    args.int8_gemms = parse_list("--int8-gemms", args.int8_gemms, INT8_GEMMS) if args.int8_gemms else []
     for m in models:
         if args.prompt_len + max(new_tokens) > PRESETS[m]["max_seq_len"]:
             raise BenchError(f"--prompt-len + --new-tokens = {args.prompt_len + max(new_tokens)} > max_seq_len "
@@ -159,26 +166,40 @@ def op_shares(fn) -> dict[str, float]:
 
 def engine_path(engine) -> str:
     """The GEMM path an engine runs: ``native`` or ``emulated`` (suite.embedded.qlinear), with
-    ``+fused`` where int8 runs suite.embedded.fused and ``+cpp-loop`` where its decode step runs
-    the layer loop in C++ (suite.embedded.decode.NativeLayers)."""
+    ``:<gemm>`` naming int8's integer GEMM (qlinear.INT8_GEMMS), ``+fused`` where int8 runs
+    suite.embedded.fused and ``+cpp-loop`` where its decode step runs the layer loop in C++
+    (suite.embedded.decode.NativeLayers)."""
     from suite.embedded.qlinear import Int8Linear
 
-    fused = any(isinstance(m, Int8Linear) and m.fused for m in engine.model.modules())
+    int8 = [m for m in engine.model.modules() if isinstance(m, Int8Linear)]
+    gemm = ":" + "/".join(sorted({m.gemm for m in int8})) if int8 else ""
+    fused = "+fused" if any(m.fused for m in int8) else ""
     loop = "+cpp-loop" if engine.decoder.cpp_loop else ""
-    return ("native" if engine.native else "emulated") + ("+fused" if fused else "") + loop
+    return ("native" if engine.native else "emulated") + gemm + fused + loop
 
 
-def build_engines(model, precisions, kernels: str, unfused: bool, python_loop: bool = False) -> dict:
+def build_engines(model, precisions, kernels: str, unfused: bool, python_loop: bool = False,
+                  int8_gemms: tuple[str, ...] = ()) -> dict:
     """One RolloutEngine per precision, plus ``int8/unfused`` (its fused path switched off) when
-    ``unfused`` and the int8 engine runs fused, and ``<precision>/python-loop`` (the decode
-    step's Python layer loop) for each precision running the C++ one when ``python_loop``:
-    variant name -> engine."""
+    ``unfused`` and the int8 engine runs fused, ``int8/<gemm>`` for each integer GEMM of
+    ``int8_gemms`` (forced: "float32" is the emulated engine), and ``<precision>/python-loop``
+    (the decode step's Python layer loop) for each precision running the C++ one when
+    ``python_loop``: variant name -> engine."""
     from suite.core.quant import QuantScheme
     from suite.embedded.decode import set_native_loop
     from suite.embedded.engine import RolloutEngine
-    from suite.embedded.qlinear import set_int8_fused
+    from suite.embedded.qlinear import set_int8_fused, set_int8_gemm
 
     engines = {p: RolloutEngine(model, QuantScheme(precision=p), kernels=kernels) for p in precisions}
+    for gemm in int8_gemms:
+        native = gemm != "float32"
+        # only the integer GEMM differs from the int8 row: bf16 outside it as --kernels resolves it
+        e = engines[f"int8/{gemm}"] = RolloutEngine(model, QuantScheme(precision="int8"),
+                                                    kernels="native" if native else "emulated", bf16_kernels=kernels)
+        if native:
+            set_int8_gemm(e.model, gemm)
+            if e.decoder.native is not None:
+                set_native_loop(e, True)  # its C++ layer loop holds the weights it was built with
     if unfused and "int8" in engines and "+fused" in engine_path(engines["int8"]):
         engines["int8/unfused"] = e = RolloutEngine(model, QuantScheme(precision="int8"), kernels=kernels)
         set_int8_fused(e.model, False)
@@ -192,7 +213,7 @@ def build_engines(model, precisions, kernels: str, unfused: bool, python_loop: b
 
 def run_rollout(models, precisions, batches, new_tokens, *, prompt_len: int, repeats: int, warmup: int,
                 kernels: str = "auto", profile: bool = False, unfused: bool = False,
-                python_loop: bool = False) -> tuple[list[dict], list[dict]]:
+                python_loop: bool = False, int8_gemms: tuple[str, ...] = ()) -> tuple[list[dict], list[dict]]:
     """The benchmark itself: (rows, profile rows). Rows as in COLUMNS; ``unfused`` and
     ``python_loop`` add variants (see build_engines)."""
     import torch
@@ -204,7 +225,7 @@ def run_rollout(models, precisions, batches, new_tokens, *, prompt_len: int, rep
     prof_rows: list[dict] = []
     for preset in models:
         model = bench_model(preset)
-        engines = build_engines(model, precisions, kernels, unfused, python_loop)
+        engines = build_engines(model, precisions, kernels, unfused, python_loop, int8_gemms)
         # Weight sync, interleaved across precisions (at least 5 rounds: it is cheap).
         sync_t = interleaved({p: (lambda e=e: e.sync(model)) for p, e in engines.items()},
                              repeats=max(5, repeats), warmup=warmup)
@@ -258,11 +279,14 @@ def cmd_rollout(args) -> int:
     info = machine_info()
     rows, prof_rows = run_rollout(models, precisions, batches, new_tokens, prompt_len=args.prompt_len,
                                   repeats=args.repeats, warmup=args.warmup, kernels=args.kernels,
-                                  profile=args.profile, unfused=args.unfused, python_loop=args.python_loop)
+                                  profile=args.profile, unfused=args.unfused, python_loop=args.python_loop,
+                                  int8_gemms=tuple(args.int8_gemms))
     notes = [
         "tokens_per_s = batch * new_tokens / median seconds of one generate call (prefill + decode, "
         "temperature 1); ratios are against fp32 / bf16 measured in the same interleaved rounds",
-        "path: +fused = int8 with the fused quantize / rescale loops (suite.embedded.fused, the same bits); "
+        "path: :<gemm> = int8's integer GEMM (int_mm = torch._int_mm, oneDNN's VNNI / AMX kernel; packed = the "
+        "suite's exact AVX2 kernel, for CPUs without VNNI; float32 = the emulation); "
+        "+fused = int8 with the fused quantize / rescale loops (suite.embedded.fused, the same bits); "
         "+cpp-loop = the decode step's layer loop in C++ (suite.embedded.decode.NativeLayers, the same aten calls); "
         "native = low-precision GEMM kernels; emulated = the same numerics as float32 GEMMs "
         "(suite.embedded.engine: chosen where the CPU lacks VNNI / AVX512-BF16 / AMX)",
@@ -287,6 +311,6 @@ def cmd_rollout(args) -> int:
     params = {"models": args.models, "precisions": args.precisions, "batch": args.batch,
               "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats,
               "warmup": args.warmup, "kernels": args.kernels, "unfused": args.unfused,
-              "python_loop": args.python_loop}
+              "python_loop": args.python_loop, "int8_gemms": ",".join(args.int8_gemms)}
     emit(args, "rollout", "rollout", info, rows, COLUMNS, notes, params, metrics)
     return 0

@@ -30,7 +30,10 @@ def build(name: str, source: str, *, python_module: bool, what: str):
             if not glob.glob(os.path.join(root, "*", name, "*.so")) + glob.glob(os.path.join(root, name, "*.so")):
                 print(f"suite: building the C++ extension {name} into {root} (once per machine, ~30-60 s)",
                       file=sys.stderr, flush=True)
-            mod = load(name=name, sources=[os.path.join(CSRC, source)], extra_cflags=["-O3", "-ffp-contract=off"],
+            # -fopenmp: at::parallel_for is a header template whose OpenMP pragma is ignored (one
+            # thread) in code compiled without it
+            mod = load(name=name, sources=[os.path.join(CSRC, source)],
+                       extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], extra_ldflags=["-fopenmp"],
                        is_python_module=python_module, verbose=False)
             _built[name] = mod if python_module else True
         except Exception as exc:  # no compiler / ninja / headers: the caller's Python path, same numbers

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from suite.embedded.model import Block, KVCache, RMSNorm, Transformer
+from suite.embedded.qlinear import bf16_matmul_emulated
 
 
 class Decoder:
@@ -108,9 +109,9 @@ class NativeLayers:
     aten (and fused W8A8) calls with the same arguments as :class:`DecodeLayer`, so the same
     bits, without the Python around them (a few microseconds per call at decode batch sizes).
     It applies where the block linears are all plain bias-free ``nn.Linear`` (fp32, bf16) or
-    all fused W8A8 ``Int8Linear`` (int8 on CPU), with the float32 or the native 16-bit
-    attention; the other engines (emulated kernels, fp8, w4a16's dequantizing linears where not
-    plain) keep the Python loop. :func:`set_native_loop` switches it off (benchmarks)."""
+    all fused W8A8 ``Int8Linear`` (int8 on CPU), with the float32, the native 16-bit or the
+    emulated bf16 attention; the other engines (emulated bf16 linears, fp8, w4a16's dequantizing
+    linears where not plain) keep the Python loop. :func:`set_native_loop` switches it off (benchmarks)."""
 
     def __init__(self, ext, layers: list[DecodeLayer], int8: bool):
         self.ext, self.int8 = ext, int8
@@ -119,10 +120,10 @@ class NativeLayers:
             self.weights += [layer.attn_norm.norm.weight, layer.attn_norm.n, layer.attn_norm.eps,
                              layer.mlp_norm.norm.weight, layer.mlp_norm.n, layer.mlp_norm.eps]
             for m in layer.modules:
-                self.weights += [m.codes.t(), m.scale] if int8 else [m.weight.t()]  # views: a sync writes through
+                self.weights += [m.gemm_weight(), m.scale] if int8 else [m.weight.t()]  # a sync writes through
         self.int8_mods = [m for layer in layers for m in layer.modules] if int8 else []
         first = layers[0]
-        self.args = (first.swap, first.n_heads, first.scale, first.scale_exact, first.full_att,
+        self.args = (first.swap, first.n_heads, first.scale, first.scale_exact, first.full_att, first.emu_att,
                      first.attn_norm.f32, int8)
 
     @classmethod
@@ -134,9 +135,10 @@ class NativeLayers:
         mods = [m for layer in layers for m in layer.modules]
         plain = all(type(m) is nn.Linear and m.bias is None for m in mods)
         int8 = all(isinstance(m, Int8Linear) and m.fused for m in mods)
-        if not (plain or int8) or not all(layer.fast_att or layer.full_att for layer in layers):
+        if not (plain or int8) or not all(layer.fast_att or layer.full_att or layer.emu_att for layer in layers):
             return None
-        if len({(layer.n_heads, layer.scale, layer.full_att, layer.attn_norm.f32) for layer in layers}) != 1:
+        if len({(layer.n_heads, layer.scale, layer.full_att, layer.emu_att, layer.attn_norm.f32)
+                for layer in layers}) != 1:
             return None
         from suite.embedded import cext
 
@@ -227,6 +229,7 @@ class DecodeLayer:
         self.matmul = a.matmul  # torch.matmul, or the engine's bf16 emulation
         self.fast_att = dtype == torch.float32 and self.matmul is torch.matmul
         self.full_att = dtype != torch.float32 and self.matmul is torch.matmul
+        self.emu_att = dtype == torch.bfloat16 and self.matmul is bf16_matmul_emulated  # CPUs without bf16 GEMMs
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.scale_exact = math.frexp(self.scale)[0] == 0.5  # a power of two
         self.swap = torch.tensor([1, 0], device=block.attn_norm.weight.device)  # rotate's index

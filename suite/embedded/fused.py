@@ -57,3 +57,21 @@ def mm_rescale(codes: torch.Tensor, w_t: torch.Tensor, xs: torch.Tensor, ws: tor
     [K, N] (a view of the weight codes: a sync writes new values into the same storage), xs
     float32 [M, 1], ws float32 [1, N] -> [M, N]."""
     return _load().mm_rescale(codes, w_t, xs, ws, out_dtype)
+
+
+def pack_weight(codes: torch.Tensor) -> torch.Tensor:
+    """Weight codes int8 [N, K] -> the packed layout of the exact int8 GEMM for CPUs without a
+    VNNI dot product (csrc/int8_linear.cpp: int8 [ceil(N/8), ceil(K/2), 16], zero padded)."""
+    return _load().pack_weight(codes)
+
+
+def int_mm_packed(codes: torch.Tensor, packed: torch.Tensor, n: int, simd: bool = True) -> torch.Tensor:
+    """codes int8 [M, K] x a packed weight of N output columns -> int32 [M, N]: the exact integer
+    sums torch._int_mm computes with VNNI, by sign-extended int16 products (AVX2 ``vpmaddwd``, or
+    plain integer loops where ``simd`` is False or the CPU has no AVX2)."""
+    return _load().int_mm_packed(codes, packed, n, simd)
+
+
+def packed_simd() -> bool:
+    """Whether the packed GEMM runs its AVX2 loops here (else its plain integer loops)."""
+    return _load().packed_simd()

@@ -22,7 +22,8 @@ the engine builds such a linear and its per-sync loader (docs/architecture.md, "
 - ``wa16``: the same at ``QuantScheme.bits`` in {2, 3, 4, 6, 8} (the weight-only dose axis).
 
 Kernels (``native``): True runs the low-precision GEMMs with low-precision kernels:
-``torch._int_mm`` for int8, bf16 GEMMs for bf16 / w4a16, ``torch._scaled_mm`` for fp8
+``torch._int_mm`` for int8 (on a CPU without VNNI / AMX the suite's exact AVX2 kernel,
+:data:`INT8_GEMMS`), bf16 GEMMs for bf16 / w4a16, ``torch._scaled_mm`` for fp8
 (row-wise scales; "block" fp8 is always dequantized). False ("emulated") runs the same
 arithmetic as float32 GEMMs with identical numerics: int8 codes as floats (products are exact
 integers and their float32 sums stay exact while ``K * 127**2 < 2**24``, i.e. K <= 1040, beyond
@@ -106,36 +107,73 @@ class Int8ActQuant:
         return quantize_int8_per_token(x.float())
 
 
+# The integer GEMM an Int8Linear runs (``Int8Linear.gemm``): ``int_mm`` is torch._int_mm (oneDNN's
+# VNNI / AMX kernels on CPU, cuBLAS on CUDA); ``packed`` the suite's exact AVX2 kernel on packed
+# weights (suite.embedded.fused, for CPUs without VNNI, where oneDNN's int8 kernel is slow or
+# inexact); ``float32`` the emulation (codes as floats, a float32 GEMM: exact while K <= 1040).
+INT8_GEMMS = ("int_mm", "packed", "float32")
+
+
+def int8_gemm_for(native: bool, device: torch.device) -> str:
+    """The integer GEMM a ``native`` (else emulated) Int8Linear on ``device`` runs: torch._int_mm
+    on CUDA and on CPUs with VNNI / AMX, else the packed kernel where the extension builds (the
+    same exact sums), else the float32 emulation (the same sums while K <= 1040; the extension's
+    build warned)."""
+    from suite.hardware import cpu_features
+
+    if not native:
+        return "float32"
+    if device.type != "cpu" or cpu_features().int8_native:
+        return "int_mm"
+    return "packed" if fused_int8.available() else "float32"
+
+
 class Int8Linear(nn.Module):
     """W8A8 linear (QuRL Sec. 3; SmoothQuant / vLLM W8A8 layout): int8 per-output-channel
-    weights, int8 per-token dynamic activations, integer GEMM, float rescale. ``fused`` (CPU):
-    the GEMM and its rescale as one call of suite.embedded.fused, the same bits as the unfused
-    ``_int_mm`` (or emulated ``F.linear``) + ``mul_`` + ``to``."""
+    weights, int8 per-token dynamic activations, integer GEMM (``gemm``, one of
+    :data:`INT8_GEMMS`), float rescale. ``fused`` (CPU): the GEMM and its rescale as one call of
+    suite.embedded.fused, the same bits as the unfused ``_int_mm`` (or emulated ``F.linear``) +
+    ``mul_`` + ``to``."""
 
     def __init__(self, in_features: int, out_features: int, native: bool, act_quant: SharedActQuant, device=None):
         super().__init__()
         self.in_features, self.out_features, self.native, self.act_quant = in_features, out_features, native, act_quant
+        device = torch.device(device or "cpu")
         fused_quant = isinstance(act_quant.fn, Int8ActQuant)  # else a plain quantizer function
         if fused_quant and act_quant.fn.fused is None:  # the extension is CPU code: no build elsewhere
-            act_quant.fn.fused = torch.device(device or "cpu").type == "cpu" and fused_int8.available()
+            act_quant.fn.fused = device.type == "cpu" and fused_int8.available()
         self.fused = fused_quant and act_quant.fn.fused
+        self.gemm = int8_gemm_for(native, device)
         # Emulated: the int8 codes stored as float32, for a float32 GEMM over integers.
-        code_dtype = torch.int8 if native else torch.float32
+        code_dtype = torch.float32 if self.gemm == "float32" else torch.int8
         self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=code_dtype, device=device))
         self.register_buffer("scale", torch.zeros(1, out_features, device=device))  # [1, N] f32
+        # The packed kernel's weight layout (filled at each load, in place); not state: derived.
+        self.register_buffer("packed", torch.zeros(0, dtype=torch.int8, device=device), persistent=False)
+        if self.gemm == "packed":
+            self.packed = fused_int8.pack_weight(self.codes)
 
     @torch.no_grad()
     def load(self, w: torch.Tensor) -> None:
         codes, scales = quantize_int8_per_channel(w)  # int8 [N, K], f32 [N, 1]
         self.codes.copy_(codes)
         self.scale.copy_(scales.view(1, -1))  # [1, N]
+        if self.gemm == "packed":
+            self.packed.copy_(fused_int8.pack_weight(self.codes))  # in place: views of it stay valid
+
+    def gemm_weight(self) -> torch.Tensor:
+        """The weight operand of ``fused.mm_rescale`` for this linear's GEMM: the packed weight, or
+        the codes' [K, N] view (a sync writes into both in place)."""
+        return self.packed if self.gemm == "packed" else self.codes.t()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xq, xs = self.act_quant(x)  # int8 [M, K], f32 [M, 1]
         if self.fused:
-            y = fused_int8.mm_rescale(xq, self.codes.t(), xs, self.scale, x.dtype)  # [M, N]
+            y = fused_int8.mm_rescale(xq, self.gemm_weight(), xs, self.scale, x.dtype)  # [M, N]
             return y.view(*x.shape[:-1], self.out_features)  # [..., N]
-        if self.native:
+        if self.gemm == "packed":
+            acc = fused_int8.int_mm_packed(xq, self.packed, self.out_features).float()  # [M, N] int32 -> f32
+        elif self.gemm == "int_mm":
             acc = _int_mm(xq, self.codes.t()).float()  # [M, N] int32 -> f32
         else:
             acc = F.linear(xq.float(), self.codes)  # [M, N], exact integer sums (module doc)
@@ -285,6 +323,21 @@ def set_int8_fused(model: nn.Module, on: bool) -> None:
                                  "extension (suite.embedded.fused.available())")
             mod.fused = mod.act_quant.fn.fused = on
             mod.act_quant.clear()
+
+
+def set_int8_gemm(model: nn.Module, gemm: str) -> None:
+    """Switch every native Int8Linear of a CPU ``model`` to the integer GEMM ``gemm`` ("int_mm" or
+    "packed"; the same exact sums where torch._int_mm is exact), e.g. to time both side by side.
+    An engine running its decode layers in C++ must rebuild them after (decode.set_native_loop)."""
+    if gemm not in ("int_mm", "packed"):
+        raise ValueError(f"set_int8_gemm: gemm={gemm!r}; allowed: int_mm, packed")
+    for mod in model.modules():
+        if isinstance(mod, Int8Linear):
+            if mod.gemm == "float32" or mod.codes.device.type != "cpu" or (gemm == "packed"
+                                                                           and not fused_int8.available()):
+                raise ValueError("set_int8_gemm needs a native CPU int8 engine (and, for packed, the extension)")
+            mod.gemm = gemm
+            mod.packed = fused_int8.pack_weight(mod.codes) if gemm == "packed" else mod.codes.new_zeros(0)
 
 
 @register_engine_linear("int8", act_quant=_int8_act_quant)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from suite.cli import main
 
@@ -21,7 +22,8 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
     db = tmp_path / "mlflow.db"
     cmd = [sys.executable, "-m", "suite.cli", "bench", "rollout", "--json", "--models", "tiny", "--batch", "2,3",
            "--new-tokens", "4", "--prompt-len", "5", "--repeats", "1", "--warmup", "0", "--threads", "1", "--profile",
-           "--unfused", "--python-loop", "--tracking-uri", f"sqlite:///{db}", "--out", str(tmp_path / "out")]
+           "--unfused", "--python-loop", "--int8-gemms", "packed,float32", "--tracking-uri", f"sqlite:///{db}",
+           "--out", str(tmp_path / "out")]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "# suite bench rollout" in proc.stderr and "avx2" in proc.stderr  # the machine header
@@ -41,7 +43,8 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
     loops = [p for p in base if by[(2, p)]["path"].endswith("+cpp-loop")]
     assert "fp8" not in loops  # its linears are not plain, nor fused W8A8
     assert ("fp32" in loops) == (shutil.which("g++") is not None)  # plain + float32 attention: wherever it builds
-    variants = base + (("int8/unfused",) if twin else ()) + tuple(f"{p}/python-loop" for p in loops)
+    gemms = ("int8/packed", "int8/float32") if twin else ()  # --int8-gemms (packed needs the extension)
+    variants = base + gemms + (("int8/unfused",) if twin else ()) + tuple(f"{p}/python-loop" for p in loops)
     assert [(r["batch"], r["precision"]) for r in rows] == [(b, p) for b in (2, 3) for p in variants]
     for p in loops:
         assert by[(2, f"{p}/python-loop")]["path"] == by[(2, p)]["path"].removesuffix("+cpp-loop")
@@ -52,12 +55,20 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
         fp32 = by[(r["batch"], "fp32")]
         assert r["ratio_vs_fp32"] == pytest.approx(r["tokens_per_s"] / fp32["tokens_per_s"], rel=1e-12)
         assert r["sync_ms"] > 0 and r["kernels"] in ("native", "emulated")
-        assert r["path"].removesuffix("+cpp-loop") in ("native", "emulated", "native+fused", "emulated+fused")
+        path = r["path"].removesuffix("+cpp-loop").removesuffix("+fused")
+        assert path in ("native", "emulated", "native:int_mm", "native:packed", "native:float32", "emulated:float32")
         assert r["cpu_flags"] == cpu_features().label()
-    kernels = "native" if cpu_features().int8_native else "emulated"
+    # int8 resolves native on every CPU with AVX2; its GEMM is named (suite.embedded.qlinear.INT8_GEMMS)
+    from suite.embedded.qlinear import int8_gemm_for
+
+    kernels = "native:" + int8_gemm_for(True, torch.device("cpu"))
     assert by[(2, "int8")]["path"].removesuffix("+cpp-loop") == (f"{kernels}+fused" if twin else kernels)
     if twin:
         assert by[(2, "int8/unfused")]["path"] == kernels  # unfused: the C++ loop does not apply either
+        # bf16 outside the integer GEMM as the int8 row has it, so the C++ loop where that row has it
+        loop = by[(2, "int8")]["path"].endswith("+cpp-loop")
+        assert by[(2, "int8/packed")]["path"] == "native:packed+fused" + "+cpp-loop" * loop
+        assert by[(2, "int8/float32")]["path"] == "emulated:float32+fused" + "+cpp-loop" * loop
     assert by[(2, "fp32")]["ratio_vs_fp32"] == 1.0
     # the table files and the profile (shares of one generate call) were written
     md = (tmp_path / "out" / "rollout.md").read_text()
@@ -84,6 +95,7 @@ def test_rollout_json_rows_and_mlflow_run(tmp_path):
     (["--models", "huge"], "--models='huge' is not allowed; choose from: tiny, small, base, large, wide"),
     (["--new-tokens", "300"], "max_seq_len 256 of model small"),
     (["--kernels", "fast"], "--kernels='fast' is not allowed; choose from: auto, native, emulated"),
+    (["--int8-gemms", "packed,vnni"], "--int8-gemms='vnni' is not allowed; choose from: int_mm, packed, float32"),
 ])
 def test_bad_options_are_rejected_before_anything_runs(argv, message, capsys, tmp_path):
     assert main(["bench", "rollout", "--out", str(tmp_path / "out"), *argv]) == 2

@@ -34,7 +34,8 @@ def _model(d_model: int = 128) -> Transformer:
 
 @pytest.mark.parametrize("loop", ["native", "python"])
 @pytest.mark.parametrize("precision,d_model,kernels", [(p, 128, "auto") for p in PRECISIONS]
-                         + [("fp32", 96, "auto"), ("bf16", 128, "emulated"), ("w4a16", 128, "emulated")])
+                         + [("fp32", 96, "auto"), ("bf16", 128, "emulated"), ("w4a16", 128, "emulated"),
+                            ("int8", 128, "emulated"), ("int8", 96, "emulated"), ("int8", 96, "auto")])
 def test_decode_step_equals_the_general_forward(precision, d_model, kernels, loop):
     """The engine's one-token decode path (suite.embedded.decode.Decoder, which
     RolloutEngine.generate runs) gives the bits of ``model.hidden`` + ``lm_head`` with a KV cache, and
@@ -74,8 +75,8 @@ def test_decode_step_equals_the_general_forward(precision, d_model, kernels, loo
 
 def test_the_cpp_layer_loop_runs_where_it_applies():
     """fp32 (plain linears, float32 attention) everywhere; int8 where its fused linears are
-    built and its bf16 attention runs native kernels (AVX512-BF16 / AMX); never for the
-    emulated engines (AVX2's path, forced here), whose bf16 attention is Python code."""
+    built, with native (AVX512-BF16 / AMX) or emulated bf16 attention (AVX2's path, forced
+    here); never for the emulated bf16 engine, whose linears are not plain."""
     if shutil.which("g++") is None:
         pytest.skip("no C++ compiler: the engine runs its Python layer loop (same numbers)")
     m = _model()
@@ -85,16 +86,17 @@ def test_the_cpp_layer_loop_runs_where_it_applies():
     assert not fp32.decoder.cpp_loop
     set_native_loop(fp32, True)
     assert fp32.decoder.cpp_loop
-    for p in ("bf16", "int8"):
-        emulated = RolloutEngine(m, QuantScheme(p), kernels="emulated")
-        assert emulated.decoder.native is None
-        with pytest.raises(ValueError, match="set_native_loop"):
-            set_native_loop(emulated, True)
-    int8 = RolloutEngine(m, QuantScheme("int8"))
-    native_attention = int8.decoder.layers[0].full_att
-    assert native_attention == cpu_features().bf16_native
-    assert (int8.decoder.native is not None) == (fused.available() and native_attention)
-    assert int8.decoder.native is None or int8.decoder.native.int8
+    emulated = RolloutEngine(m, QuantScheme("bf16"), kernels="emulated")
+    assert emulated.decoder.native is None
+    with pytest.raises(ValueError, match="set_native_loop"):
+        set_native_loop(emulated, True)
+    for kernels in ("auto", "emulated"):
+        int8 = RolloutEngine(m, QuantScheme("int8"), kernels=kernels)
+        layer = int8.decoder.layers[0]
+        assert layer.full_att == (kernels == "auto" and cpu_features().bf16_native)
+        assert layer.emu_att == (not layer.full_att)
+        assert (int8.decoder.native is not None) == fused.available()
+        assert int8.decoder.native is None or int8.decoder.native.int8
 
 
 def test_a_non_finite_int8_activation_raises_the_quantizers_error_in_the_cpp_loop():

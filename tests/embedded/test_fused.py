@@ -19,7 +19,7 @@ from suite.embedded import fused
 from suite.embedded.engine import RolloutEngine
 from suite.embedded.model import PRESETS, ModelConfig, Transformer
 from suite.embedded.qlinear import Int8Linear, set_int8_fused
-from suite.hardware import cpu_features, int_mm_exact
+from suite.hardware import int_mm_exact
 
 if shutil.which("g++") is None:
     pytest.skip("no C++ compiler: the fused extension cannot be built here (the engine runs unfused)",
@@ -102,8 +102,8 @@ def _model(seed: int) -> Transformer:
     return Transformer(ModelConfig(vocab_size=80, **{**PRESETS["tiny"], "d_model": 128}))
 
 
-# native: torch._int_mm, which is exact with VNNI / AMX only (suite.hardware.int_mm_exact)
-KERNELS = ["emulated"] + (["native"] if cpu_features().int8_native else [])
+# native: torch._int_mm with VNNI / AMX, else the suite's packed kernel (both exact here)
+KERNELS = ["emulated", "native"]
 
 
 @pytest.mark.parametrize("kernels", KERNELS)

@@ -8,8 +8,9 @@
 // microseconds each at decode batch sizes, where one call computes little.
 // Covered: plain (bias-free) linears or the fused W8A8 ones (suite_fused::quant_rows and
 // mm_rescale, the calls qlinear.Int8Linear makes, its input quantized once per group of linears
-// that read it, as SharedActQuant does), the float32 attention (baddbmm) and the native 16-bit
-// one (bmm over the whole cache). The other engines keep the Python loop.
+// that read it, as SharedActQuant does), the float32 attention (baddbmm), the native 16-bit
+// one (bmm over the whole cache) and the emulated bf16 one (float32 matmuls rounded to bf16,
+// qlinear.bf16_matmul_emulated: CPUs without bf16 kernels). The other engines keep the Python loop.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/extension.h>
@@ -38,7 +39,7 @@ Tensor rotate(const Tensor& qk, const Tensor& cos, const Tensor& sin, int64_t n_
 
 // Per layer, `w` holds attn_norm (weight, n, eps), mlp_norm (weight, n, eps), then for each of
 // wq, wk, wv, wo, w_gate, w_up, w_down its transposed [K, N] weight view (plain), or its int8
-// codes' [K, N] view and its float32 scales [1, N] (int8).
+// codes' [K, N] view (or the packed weight of qlinear.Int8Linear.gemm_weight) and its float32 scales [1, N] (int8).
 constexpr size_t kNorms = 6;
 
 // The fused W8A8 ops of the suite_fused library (csrc/int8_linear.cpp, loaded by Python first).
@@ -66,8 +67,8 @@ struct Act {
 std::tuple<Tensor, Tensor> layers(Tensor x, const std::vector<Tensor>& w, const std::vector<Tensor>& kv, int64_t s0,
                                   const Tensor& cos, const Tensor& sin, const Tensor& bias, const Tensor& qk_buf,
                                   const Tensor& q_out, const Tensor& k_out, const Tensor& p, const Tensor& swap,
-                                  int64_t n_heads, double scale, bool scale_exact, bool full_att, bool f32,
-                                  bool int8) {
+                                  int64_t n_heads, double scale, bool scale_exact, bool full_att, bool emu_att,
+                                  bool f32, bool int8) {
   const size_t L = kv.size() / 2, per_layer = kNorms + (int8 ? 14 : 7);
   TORCH_CHECK(w.size() == L * per_layer, "decode_layers: ", w.size(), " weights for ", L, " layers");
   const int64_t B = x.size(0), D = x.size(1), hd = D / n_heads, S = s0 + 1;
@@ -110,6 +111,12 @@ std::tuple<Tensor, Tensor> layers(Tensor x, const std::vector<Tensor>& w, const 
       Tensor att = at::bmm(q, kc.transpose(1, 2)).slice(2, 0, S) * scale + bias;
       p.slice(2, 0, S).copy_(at::softmax(att, -1, at::kFloat));
       y = at::bmm(p, vc);
+    } else if (emu_att) {  // DecodeLayer.attend with matmul = qlinear.bf16_matmul_emulated
+      Tensor kt = kc.slice(1, 0, S).transpose(1, 2);
+      const auto bf16 = kc.scalar_type();
+      Tensor att = at::matmul(q.to(at::kFloat), kt.to(at::kFloat)).to(bf16) * scale + bias;
+      att = at::softmax(att, -1, at::kFloat).to(vc.scalar_type());
+      y = at::matmul(att.to(at::kFloat), vc.slice(1, 0, S).to(at::kFloat)).to(bf16);
     } else {
       Tensor kt = kc.slice(1, 0, S).transpose(1, 2);
       Tensor att = scale_exact ? at::baddbmm(bias, q, kt, 1, scale) : at::baddbmm(bias, q, kt).mul_(scale);
