@@ -11,10 +11,11 @@ Precisions and kernels: each precision's block linears are built by its entry of
 suite.embedded.qlinear ``ENGINE_LINEARS`` (that module says what each one computes).
 ``kernels=`` "native" runs the low-precision GEMMs with low-precision kernels, "emulated" the
 same arithmetic as float32 GEMMs with identical numerics; "auto" (default) picks native where it
-is fast -- CUDA; on CPU int8 with VNNI (AVX512-VNNI / AMX), bf16 with AVX512-BF16 / AMX, fp8
-never (suite.hardware ``gemm_fast``) -- and emulated elsewhere: on an AVX2-only CPU ``_int_mm``
-and bf16 GEMMs fall back to reference loops far slower than float32 (docs/bench.md, "Measurements
-behind the code"), which would invert every speed comparison.
+is fast -- CUDA; on CPU int8 with VNNI (AVX512-VNNI / AMX: ``_int_mm``) or AVX2 (the suite's
+exact packed kernel, qlinear ``INT8_GEMMS``), bf16 with AVX512-BF16 / AMX, fp8 never
+(suite.hardware ``gemm_fast``) -- and emulated elsewhere: on an AVX2-only CPU bf16 GEMMs fall
+back to reference loops far slower than float32 (docs/bench.md, "Measurements behind the code"),
+which would invert every speed comparison.
 
 Sampling (:meth:`RolloutEngine.generate`): left-padded prompts; each distinct prompt is
 prefilled once (suite.embedded.prefill ``Prefill``: the general forward's bits, re-fused) and
