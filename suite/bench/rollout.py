@@ -188,7 +188,7 @@ def build_engines(model, precisions, kernels: str, unfused: bool, python_loop: b
     from suite.core.quant import QuantScheme
     from suite.embedded.decode import set_native_loop
     from suite.embedded.engine import RolloutEngine
-    from suite.embedded.qlinear import set_int8_fused, set_int8_gemm
+    from suite.embedded.qlinear import set_int8_fused
 
     engines = {p: RolloutEngine(model, QuantScheme(precision=p), kernels=kernels) for p in precisions}
     for gemm in int8_gemms:
@@ -197,9 +197,7 @@ def build_engines(model, precisions, kernels: str, unfused: bool, python_loop: b
         e = engines[f"int8/{gemm}"] = RolloutEngine(model, QuantScheme(precision="int8"),
                                                     kernels="native" if native else "emulated", bf16_kernels=kernels)
         if native:
-            set_int8_gemm(e.model, gemm)
-            if e.decoder.native is not None:
-                set_native_loop(e, True)  # its C++ layer loop holds the weights it was built with
+            e.set_int8_gemm(gemm)
     if unfused and "int8" in engines and "+fused" in engine_path(engines["int8"]):
         engines["int8/unfused"] = e = RolloutEngine(model, QuantScheme(precision="int8"), kernels=kernels)
         set_int8_fused(e.model, False)

@@ -45,7 +45,7 @@ from torch import nn
 
 from suite.core.outliers import outlier_pairs, outlier_transform
 from suite.core.quant import QUANTIZERS, QuantScheme
-from suite.embedded.decode import Decoder, DecodeState
+from suite.embedded.decode import Decoder, DecodeState, NativeLayers
 from suite.embedded.model import KVCache, Transformer
 from suite.embedded.prefill import Prefill
 from suite.embedded.qlinear import (
@@ -55,6 +55,7 @@ from suite.embedded.qlinear import (
     Bf16EmulatedLinear,
     SharedActQuant,
     bf16_matmul_emulated,
+    set_int8_gemm,
 )
 from suite.hardware import gemm_fast
 
@@ -189,6 +190,14 @@ class RolloutEngine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
+
+    def set_int8_gemm(self, gemm: str) -> None:
+        """Run every int8 linear's integer GEMM as ``gemm`` (qlinear.set_int8_gemm: "int_mm" or
+        "packed", the same exact sums), e.g. to time both side by side; a C++ layer loop, where
+        on, is rebuilt on the new weight operands."""
+        set_int8_gemm(self.model, gemm)
+        if self.decoder.native is not None:
+            self.decoder.native = NativeLayers.build(self.decoder.layers)
 
     # ---------------------------------------------------------------- forward helpers
     def logits(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

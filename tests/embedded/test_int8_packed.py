@@ -18,7 +18,7 @@ from suite.embedded import fused
 from suite.embedded.decode import set_native_loop
 from suite.embedded.engine import RolloutEngine
 from suite.embedded.model import PRESETS, ModelConfig, Transformer
-from suite.embedded.qlinear import Int8Linear, set_int8_gemm
+from suite.embedded.qlinear import Int8Linear, set_int8_fused, set_int8_gemm
 from suite.hardware import cpu_features, int_mm_exact
 
 if shutil.which("g++") is None:
@@ -91,9 +91,11 @@ def test_an_engine_on_the_packed_kernel_samples_the_same_bits_across_a_sync():
     engines = {"emulated": RolloutEngine(m, QuantScheme("int8"), kernels="emulated")}
     for name in ("packed", "packed/python-loop") + (("int_mm",) if int_mm_exact() else ()):
         e = engines[name] = RolloutEngine(m, QuantScheme("int8"), kernels="native", bf16_kernels="emulated")
-        set_int8_gemm(e.model, name.split("/")[0])
-        if e.decoder.native is not None:
-            set_native_loop(e, "python-loop" not in name)
+        e.set_int8_gemm(name.split("/")[0])
+        if "python-loop" in name:
+            set_native_loop(e, False)
+    # the C++ loop reads the packed weights (its operands are 3-d: qlinear.Int8Linear.gemm_weight)
+    assert all(w.dim() == 3 for w in engines["packed"].decoder.native.weights if w.dtype == torch.int8)
     gemms = {name: {x.gemm for x in e.model.modules() if isinstance(x, Int8Linear)} for name, e in engines.items()}
     assert gemms["packed"] == {"packed"} and gemms["emulated"] == {"float32"}
     assert engines["packed"].decoder.cpp_loop and not engines["packed/python-loop"].decoder.cpp_loop
@@ -122,3 +124,18 @@ def test_set_int8_gemm_refuses_an_emulated_engine_and_unknown_names():
         set_int8_gemm(e.model, "packed")
     with pytest.raises(ValueError, match="allowed: int_mm, packed"):
         set_int8_gemm(e.model, "vnni")
+
+
+def test_the_unfused_packed_path_gives_the_fused_bits():
+    """set_int8_fused(False) on a packed engine: int_mm_packed, then the rescale in aten."""
+    m = _model(0)
+    a = RolloutEngine(m, QuantScheme("int8"), kernels="native", bf16_kernels="emulated")
+    b = RolloutEngine(m, QuantScheme("int8"), kernels="native", bf16_kernels="emulated")
+    for e in (a, b):
+        e.set_int8_gemm("packed")
+    set_int8_fused(b.model, False)
+    prompts = rand_prompts([4, 6, 2])
+    ra, rb = (e.generate(prompts, max_new_tokens=6, temperature=1.0, top_p=1.0, stop_id=-1, pad_id=0,
+                         generator=torch.Generator().manual_seed(2)) for e in (a, b))
+    assert torch.equal(ra.tokens, rb.tokens)
+    assert torch.equal(ra.behav_logp.view(torch.int32), rb.behav_logp.view(torch.int32))
