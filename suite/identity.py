@@ -37,6 +37,7 @@ OMITTED_AT_DEFAULT = {
     "backend.gradient_checkpointing": True,
     "backend.remove_padding": True,
     "backend.max_ckpt_to_keep": 0,
+    "backend.param_dtype": "bf16",
 }
 
 

@@ -141,6 +141,7 @@ _add("verl backend", [
     ([*_VERL, "quant.lm_head=true"], "quant.lm_head"),
     ([*_VERL, "task.eval_rollout_copy=true"], "task.eval_rollout_copy"),
     ([*_VERL, "train.grad_probe_every=10"], "train.grad_probe_every"),
+    ([*_VERL, "backend.param_dtype=fp16"], "backend.param_dtype"),
 ])
 
 # Hydra's runner keys: the suite runs no Hydra app, so they are refused rather than ignored

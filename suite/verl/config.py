@@ -18,6 +18,8 @@ from suite.verl.rollout_quant import VERL_PRECISIONS, VERL_ROLLOUTS, vllm_cpu_pr
 
 VERL_DEVICES = ("cuda", "cpu")  # backend.device: the vLLM build (GPU, or vLLM's CPU build)
 
+# backend.param_dtype: FSDP mixed precision's param_dtype in verl's names
+VERL_PARAM_DTYPES = ("bf16", "fp32")
 # verl actor strategies (engine backends) the QaRL aligned forward is plugged into (suite.verl.aligned)
 VERL_ALIGNED_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")
 
@@ -60,6 +62,10 @@ class VerlBackendConfig(BackendConfig):
     gradient_checkpointing: bool = True  # activation checkpointing in the actor (and critic)
     remove_padding: bool = True  # verl's padding-free (packed) forward
     max_ckpt_to_keep: int = 0  # checkpoints kept per run (actor and critic); 0 = all (verl's default)
+    # FSDP's compute dtype of the trained models' forward and backward (mixed precision param_dtype):
+    # bf16 = verl's default (master weights and optimizer fp32 either way); fp32 = no mixed precision,
+    # the embedded trainer's default numerics (train.autocast=fp32)
+    param_dtype: str = "bf16"
     extra_overrides: List[str] = field(default_factory=list)  # verl Hydra overrides appended verbatim (last wins)
 
 
@@ -92,6 +98,7 @@ def validate_verl(cfg: DictConfig) -> None:
     )
     check_choice(cfg, "quant.precision", VERL_PRECISIONS)
     check_choice(cfg, "backend.device", VERL_DEVICES)
+    check_choice(cfg, "backend.param_dtype", VERL_PARAM_DTYPES)
     if b.device == "cpu":
         _check_vllm_cpu(cfg.quant.precision)
     check(not cfg.quant.lm_head, "quant.lm_head",

@@ -196,6 +196,12 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"{ar}.ref.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
         f"{ar}.ref.log_prob_max_token_len_per_gpu={b.log_prob_max_token_len_per_gpu}",
     ]
+    # the trainer's compute dtype: FSDP mixed precision (verl: param_dtype bf16 when none is given)
+    if b.param_dtype != "bf16":
+        mp = f"{{param_dtype:{b.param_dtype},reduce_dtype:fp32,buffer_dtype:fp32}}"
+        o += [f"+{ar}.actor.fsdp_config.mixed_precision={mp}", f"+{ar}.ref.fsdp_config.mixed_precision={mp}"]
+        if algo == "ppo":
+            o.append(f"+critic.fsdp.mixed_precision={mp}")
     # precision (suite.verl.rollout_quant)
     for key, value in VERL_ROLLOUTS[precision].overrides:
         o.append(f"{key}={value if isinstance(value, str) else _hydra_value(value)}")

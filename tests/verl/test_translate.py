@@ -360,3 +360,26 @@ def test_every_cpu_rollout_gets_the_worker_extension_once():
         got = [x for x in o if x.lstrip("+").startswith(key + "=")]
         assert len(got) == want and all(x.endswith("=" + WORKER_EXTENSION) for x in got), (device, precision, got)
         compose_verl_config(o)  # one value per key: Hydra refuses a second `+key=...`
+
+
+def test_param_dtype_fp32_turns_fsdp_mixed_precision_off_in_every_trained_model(composer):
+    """backend.param_dtype=fp32: FSDP's param_dtype fp32 (the embedded trainer's default numerics)
+    for the actor, its reference and PPO's critic, in the engine configs verl builds them from;
+    bf16 (verl's default) emits nothing and leaves run ids as they were."""
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from suite.config import run_id
+
+    base = ["backend=verl", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v", "algo=ppo"]
+    fp32 = composer.compose(verl_overrides(compose_config([*base, "backend.param_dtype=fp32"]), "/tmp/r"))
+    want = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    for engine in (fp32.actor_rollout_ref.actor.fsdp_config, fp32.actor_rollout_ref.ref.fsdp_config, fp32.critic.fsdp):
+        assert OmegaConf.to_container(engine.mixed_precision) == want
+        assert omega_conf_to_dataclass(engine).mixed_precision == want  # verl's FSDPEngineConfig takes it
+    default = compose_config(base)
+    assert not any("mixed_precision" in o for o in verl_overrides(default, "/tmp/r"))
+    assert run_id(default) == run_id(compose_config([*base, "backend.param_dtype=bf16"]))
+    assert run_id(default) != run_id(compose_config([*base, "backend.param_dtype=fp32"]))
+    with pytest.raises(ConfigError, match="backend.param_dtype='fp16' is not allowed; choose one of: bf16, fp32"):
+        compose_config([*base, "backend.param_dtype=fp16"])
