@@ -328,7 +328,7 @@ def set_int8_fused(model: nn.Module, on: bool) -> None:
 def set_int8_gemm(model: nn.Module, gemm: str) -> None:
     """Switch every native Int8Linear of a CPU ``model`` to the integer GEMM ``gemm`` ("int_mm" or
     "packed"; the same exact sums where torch._int_mm is exact), e.g. to time both side by side.
-    An engine running its decode layers in C++ must rebuild them after (decode.set_native_loop)."""
+    On an engine, call RolloutEngine.set_int8_gemm: its C++ layer loop holds the weight operands."""
     if gemm not in ("int_mm", "packed"):
         raise ValueError(f"set_int8_gemm: gemm={gemm!r}; allowed: int_mm, packed")
     for mod in model.modules():
