@@ -274,15 +274,32 @@ _register()
 
 # Checks of a backend's own section and of what it needs from the task, run by validate.
 BACKEND_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
+# Each backend's keys under `backend.` that hold local paths (comma-separated lists allowed): a
+# relative one that exists is made absolute at compose (`absolute_paths`), because a run reads
+# them from its own run directory (verl starts there), maybe on a SLURM compute node.
+BACKEND_PATHS: dict[str, tuple[str, ...]] = {}
 
 
-def register_backend(name: str, node: Any, check: Callable[[DictConfig], None]) -> None:
+def register_backend(name: str, node: Any, check: Callable[[DictConfig], None], paths: tuple[str, ...] = ()) -> None:
     """Register backend ``name``'s config section (``backend=<name>``, a ``BackendConfig``
-    or subclass instance) and the check :func:`validate` runs on its configs. Backends call it
-    when their config module is imported (suite.embedded.config, suite.verl.config, listed in
-    ``BACKEND_MODULES`` at the end of this module), so this module imports no backend at its top."""
+    or subclass instance), the check :func:`validate` runs on its configs, and its path keys
+    (``BACKEND_PATHS``). Backends call it when their config module is imported
+    (suite.embedded.config, suite.verl.config, listed in ``BACKEND_MODULES`` at the end of this
+    module), so this module imports no backend at its top."""
     ConfigStore.instance().store(group="backend", name=name, node=node)
     BACKEND_CHECKS[name] = check
+    BACKEND_PATHS[name] = paths
+
+
+def absolute_paths(value: str) -> str:
+    """``value``, a path or a comma-separated list of them, with each relative one that exists
+    under the working directory made absolute (``~`` expanded). Anything else stays as written:
+    an absolute path, a path that exists only on the compute nodes, a hub id (``Qwen/Qwen2.5-7B``)."""
+    out = []
+    for part in value.split(",") if value else []:
+        p = os.path.expanduser(part.strip())
+        out.append(os.path.abspath(p) if not os.path.isabs(p) and os.path.exists(p) else part)
+    return ",".join(out) if out else value
 
 
 def check_choice(cfg: DictConfig, key: str, allowed: tuple) -> None:
@@ -481,6 +498,9 @@ def finalize(cfg: DictConfig) -> DictConfig:
     """The post-processing every composed config gets: paths expanded, hardware choices
     resolved, values validated (`compose_config` and the sweep's fast composer share it)."""
     cfg.warm_start.cache_dir = os.path.expanduser(OmegaConf.select(cfg, "warm_start.cache_dir"))
+    for key in BACKEND_PATHS.get(cfg.backend.name, ()):
+        if isinstance(cfg.backend.get(key), str):
+            cfg.backend[key] = absolute_paths(cfg.backend[key])
     validate(cfg)
     resolve_hardware(cfg)
     return cfg

@@ -236,3 +236,27 @@ def test_bad_width_and_group_size_name_the_allowed_values():
         compose_config(["quant=wa16", "quant.weight_bits=5"])
     with pytest.raises(ConfigError, match=r"quant\.group_size=48.*8, 16, 32, 64, 128, 256"):
         compose_config(["quant=wa16", "quant.group_size=48"])
+
+
+def test_a_verl_runs_relative_paths_that_exist_become_absolute(tmp_path, monkeypatch):
+    """verl starts in the run's directory, so a relative path (as `suite export --out export/seed0`
+    prints them) is made absolute against the working directory at compose; what does not exist
+    here (a path on the compute nodes only, a hub id) and absolute paths stay as written."""
+    (tmp_path / "export" / "model").mkdir(parents=True)
+    for name in ("a.parquet", "b.parquet", "reward.py"):
+        (tmp_path / "export" / name).write_text("x")
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_config(["backend=verl", "backend.device=cpu", "quant=bf16", "backend.model_path=export/model",
+                          "backend.train_files='export/a.parquet,/data/train.parquet,export/b.parquet'",
+                          "backend.val_files=Qwen/Qwen2.5-7B", "backend.reward_fn_path=./export/reward.py"])
+    b = cfg.backend
+    assert b.model_path == str(tmp_path / "export" / "model")
+    assert b.train_files == f"{tmp_path}/export/a.parquet,/data/train.parquet,{tmp_path}/export/b.parquet"
+    assert b.val_files == "Qwen/Qwen2.5-7B"
+    assert b.reward_fn_path == str(tmp_path / "export" / "reward.py")
+    same = compose_config(["backend=verl", "backend.device=cpu", "quant=bf16",
+                           f"backend.model_path={tmp_path}/export/model",
+                           f"backend.train_files='{tmp_path}/export/a.parquet,/data/train.parquet,"
+                           f"{tmp_path}/export/b.parquet'", "backend.val_files=Qwen/Qwen2.5-7B",
+                           f"backend.reward_fn_path={tmp_path}/export/reward.py"])
+    assert run_id(same) == run_id(cfg)  # one run, however its paths were written

