@@ -110,7 +110,8 @@ def identity_tags(cfg: DictConfig) -> dict[str, str]:
     """MLflow tags beside the axes that say which numerics a run computed with (every backend)."""
     embedded = cfg.backend.name == "embedded"
     return {
-        "trainer_dtype": cfg.train.autocast if embedded else "bf16",  # verl: FSDP bf16 mixed precision
+        # verl: FSDP's mixed-precision parameter dtype (backend.param_dtype; bf16 = verl's default)
+        "trainer_dtype": cfg.train.autocast if embedded else cfg.backend.get("param_dtype", "bf16"),
         "kernels": cfg.quant.kernels if embedded else "vllm",
         "bf16_kernels": cfg.quant.bf16_kernels if embedded else "vllm",
         # verl's native FP8 rollout quantizes 128x128 blocks whatever quant.fp8_granularity says (docs/verl.md)

@@ -370,6 +370,7 @@ def test_param_dtype_fp32_turns_fsdp_mixed_precision_off_in_every_trained_model(
     from verl.utils.config import omega_conf_to_dataclass
 
     from suite.config import run_id
+    from suite.identity import identity_tags
 
     base = ["backend=verl", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v", "algo=ppo"]
     fp32 = composer.compose(verl_overrides(compose_config([*base, "backend.param_dtype=fp32"]), "/tmp/r"))
@@ -381,5 +382,8 @@ def test_param_dtype_fp32_turns_fsdp_mixed_precision_off_in_every_trained_model(
     assert not any("mixed_precision" in o for o in verl_overrides(default, "/tmp/r"))
     assert run_id(default) == run_id(compose_config([*base, "backend.param_dtype=bf16"]))
     assert run_id(default) != run_id(compose_config([*base, "backend.param_dtype=fp32"]))
+    # the report's trainer dtype column says which (a verl run's MLflow tag)
+    assert identity_tags(default)["trainer_dtype"] == "bf16"
+    assert identity_tags(compose_config([*base, "backend.param_dtype=fp32"]))["trainer_dtype"] == "fp32"
     with pytest.raises(ConfigError, match="backend.param_dtype='fp16' is not allowed; choose one of: bf16, fp32"):
         compose_config([*base, "backend.param_dtype=fp16"])
