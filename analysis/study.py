@@ -24,7 +24,7 @@ import pandas as pd
 from suite.report.cells import cell_stats
 
 RUN_COLUMNS = [
-    "run_id", "status", "precision", "correction", "method", "aligned_forward", "algo", "uaq_s",
+    "run_id", "status", "backend", "precision", "correction", "method", "aligned_forward", "algo", "uaq_s",
     "uaq_group_lr_s", "lr", "seed", "steps", "last_step", "acc0", "acc", "acc_max", "delta_acc",
     "train_acc_first10", "train_acc_last10", "train_acc_mean", "kl_first", "kl_last", "kl_mean",
     "k3_kl_first5", "k3_kl_last10", "k3_kl_mean", "error_ratio_mean", "clipfrac_mean",
@@ -32,6 +32,7 @@ RUN_COLUMNS = [
 ]
 # (column, label, scale, format) of the summary table
 SUMMARY = [
+    ("acc0", "held-out acc, step 0 (%)", 100, ".1f"),
     ("acc", "held-out acc, final (%)", 100, ".1f"),
     ("delta_acc", "held-out acc, final - step 0 (pp)", 100, "+.1f"),
     ("acc_max", "held-out acc, best (%)", 100, ".1f"),
@@ -44,6 +45,7 @@ SUMMARY = [
     ("acr_relaxed_mean", "ACR relaxed, mean (%)", 100, ".1f"),
     ("acr_tightened_mean", "ACR tightened, mean (%)", 100, ".1f"),
     ("visibility", "update visibility, mean (%)", 100, ".3f"),
+    ("step_s", "seconds per RL step (timing_s/step), mean", 1, ".2f"),
 ]
 CURVES = [  # (metric, title, log y, rolling window, rolling statistic)
     ("train/acc", "train accuracy (rolling mean of 5 steps)", False, 5, "mean"),
@@ -79,7 +81,7 @@ def run_table(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     for col in RUN_COLUMNS:
         if col not in runs:
             runs[col] = np.nan
-    return runs[RUN_COLUMNS + ["mlflow_run_id"]].sort_values(["precision", "correction", "uaq_s", "lr", "seed"])
+    return runs[RUN_COLUMNS + ["mlflow_run_id"]].sort_values(["backend", "precision", "correction", "uaq_s", "lr", "seed"])
 
 
 def summary_table(runs: pd.DataFrame, by: list[str]) -> pd.DataFrame:

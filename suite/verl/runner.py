@@ -246,6 +246,10 @@ def run(cfg: DictConfig, run_dir: str, *, env: Mapping[str, str] | None = None,
         from suite.verl.cpu_workarounds import VERL_CPU_DRIVER_ENV
 
         env.update(VERL_CPU_DRIVER_ENV)
+        # the CPU path gives Ray one pretend GPU (num_gpus=1, suite.verl.cpu_workarounds), which Ray refuses
+        # beside an empty CUDA_VISIBLE_DEVICES: what submitit's local executor sets for a job without GPUs
+        if env.get("CUDA_VISIBLE_DEVICES") == "":
+            del env["CUDA_VISIBLE_DEVICES"]
     os.makedirs(run_dir, exist_ok=True)
     summary_path = os.path.join(run_dir, SUMMARY_FILE)
     if os.path.isfile(summary_path):

@@ -114,6 +114,24 @@ def test_run_single_node_end_to_end(verl_cfg, tmp_path):
     assert again["already_finished"] is True and again["final_acc"] == 0.625
 
 
+def test_a_cpu_run_drops_the_empty_cuda_visible_devices_a_local_sweep_job_gets(verl_cfg, tmp_path):
+    """submitit's local executor starts a job without GPUs under CUDA_VISIBLE_DEVICES="", and Ray then
+    refuses the one pretend GPU the vLLM CPU path asks for ("Attempting to start raylet with 1 GPU, but
+    CUDA_VISIBLE_DEVICES contains []"): a CPU run's environment drops it; a GPU run's keeps it."""
+    seen = {}
+
+    def capture(argv, log_path, env):
+        seen[env["VERL_PLATFORM"] if "VERL_PLATFORM" in env else "cuda"] = dict(env)
+        return 3
+
+    for device in ("cpu", "cuda"):
+        cfg = verl_cfg("quant=bf16", "uaq.s=1.0", f"backend.device={device}")
+        with pytest.raises(RuntimeError, match="verl exited with status 3"):
+            run(cfg, str(tmp_path / device), env={"CUDA_VISIBLE_DEVICES": "", "KEEP": "1"}, execute=capture)
+    assert "CUDA_VISIBLE_DEVICES" not in seen["cpu"] and seen["cpu"]["KEEP"] == "1"
+    assert seen["cuda"]["CUDA_VISIBLE_DEVICES"] == ""
+
+
 def test_run_failure_names_the_log(verl_cfg, tmp_path):
     cfg = verl_cfg("quant=bf16", "uaq.s=1.0")
     with pytest.raises(RuntimeError, match=r"verl exited with status 3; see .*verl.log"):
