@@ -85,16 +85,42 @@ def _sweep_files() -> list[str]:
     return [f for f in files if "study" not in (yaml.safe_load(open(f)) or {})]
 
 
+# Files whose cells run on vLLM's CPU build: they need a CPU kind whose vLLM serves their rollouts
+# (int8: a VNNI dot product or AMX), and on another kind every such cell is refused by name.
+VLLM_CPU_FILES = {"study_cross_backend.yaml": "int8"}
+
+
 @pytest.mark.parametrize("path", _sweep_files(), ids=os.path.basename)
 def test_every_experiment_composes_and_validates(path):
-    """STYLE.md: one test composes every YAML under experiments/; every cell validates."""
+    """STYLE.md: one test composes every YAML under experiments/; every cell validates (a file of
+    vLLM CPU cells, on a CPU kind that cannot serve them: refused naming what it needs)."""
+    from suite.hardware import cpu_features
+    from suite.verl.rollout_quant import vllm_cpu_precisions
+
     text = open(path).read()
     first = text.splitlines()[0]
     assert first.startswith("# suite sweep experiments/"), "each file starts with the command that runs it"
     assert "Laptop" in text and "Cluster" in text, "and its expected duration on a laptop and a cluster"
+    needs = VLLM_CPU_FILES.get(os.path.basename(path))
+    if needs and needs not in vllm_cpu_precisions(cpu_features()):
+        with pytest.raises(SweepError, match=rf"quant.precision: '{needs}' is not served by vLLM's CPU build"):
+            load_sweep(path)
+        return
     sw = load_sweep(path)
     assert len(sw.cells) >= 2
     assert len({c.run_id for c in sw.cells}) == len(sw.cells)
+
+
+def test_a_vllm_cpu_study_is_refused_by_name_on_a_cpu_kind_that_cannot_serve_it(monkeypatch):
+    """The other branch of the test above, on every machine: on an AVX2-only CPU (no VNNI, no AMX)
+    the cross-backend study's INT8 verl cells are refused before anything runs."""
+    import suite.hardware
+    from suite.hardware import CpuFeatures
+
+    monkeypatch.setattr(suite.hardware, "cpu_features", lambda: CpuFeatures(False, False, False))
+    with pytest.raises(SweepError, match=r"quant.precision: 'int8' is not served by vLLM's CPU build "
+                                         r"\(backend.device=cpu\) on this CPU .*it needs a VNNI dot product"):
+        load_sweep(str(REPO / "experiments" / "study_cross_backend.yaml"))
 
 
 def test_shipped_experiments_have_the_issue_axes():
