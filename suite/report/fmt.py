@@ -109,6 +109,8 @@ def display_main(df: pd.DataFrame) -> pd.DataFrame:
                    for f, q in zip(df["lr_factor"], df["uaq_group_lr_s"])]
     return pd.DataFrame({
         **cells, "n": df["n"],
+        # mean@1 or Avg@N (QuRL's AIME column is Avg@32): how the held-out accuracy was sampled
+        "held-out": df["acc_at"].map(_text) if "acc_at" in df else "",
         "acc % [95% CI]": [acc_ci(*a) for a in zip(df["acc_pct"], df["acc_ci_low"], df["acc_ci_high"], df["n"])],
         "CI": df["ci_method"].map(_text), "acc % per seed": [per_seed(s, v) for s, v in zip(df["seeds"], df["values"])],
         "not averaged": df["not_averaged"].map(_text),

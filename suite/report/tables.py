@@ -56,13 +56,26 @@ UAQ_GRID = ((1.0, 1.0, 1.0), (1.25, 1.0, 1.0), (1.5, 1.0, 1.0), (2.0, 1.0, 1.0),
 ACC_COLUMNS = {"mean": "acc_pct", "ci_low": "acc_ci_low", "ci_high": "acc_ci_high"}
 
 
+def held_out_label(acc_metrics) -> str:
+    """How a row's accuracy was measured, as the papers name it: ``mean@1`` (one sample per prompt:
+    greedy on the embedded backend and in the verl defaults) or ``Avg@N`` (the mean over N samples,
+    QuRL's AIME Avg@32), from the runs' ``acc_metric`` keys (``.../acc/mean_at_N``); several, joined."""
+    ns = set()
+    for metric in acc_metrics:
+        for key in str(metric).split(";"):
+            tail = key.rsplit("/", 1)[-1]
+            if tail.startswith("mean_at_") and tail[len("mean_at_"):].isdigit():
+                ns.add(int(tail[len("mean_at_"):]))
+    return " / ".join("mean@1" if n == 1 else f"Avg@{n}" for n in sorted(ns))
+
+
 def _placeholder(setting: tuple, ident: tuple, lr_factor: float = 1.0, group_lr_s: float = 1.0) -> dict:
     row = {a: math.nan for a in ROW_AXES}
     row.update({a: "" for a in ("backend", "trainer_dtype", "kernels", "bf16_kernels")})
     row.update(dict(zip(GROUP, setting)), **dict(zip(IDENT, ident)), lr_factor=lr_factor, uaq_group_lr_s=group_lr_s)
     row["steps"] = pd.NA
     row["method"] = method_label(row["correction"], row["aligned_forward"])
-    return {**row, "group_key": "", "variant": "", **empty_stats()}
+    return {**row, "group_key": "", "variant": "", **empty_stats(), "acc_at": ""}
 
 
 def _ident(row) -> tuple:
@@ -85,7 +98,8 @@ def main_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = C
     per (task, model, algo) setting with n = 0 where no run of that identity ran.
     """
     r = ensure_prepared(runs)
-    df = pooled_frame(r[~_is_control(r)], ACC, 100.0, n_resamples, seed)
+    df = pooled_frame(r[~_is_control(r)], ACC, 100.0, n_resamples, seed,
+                      extra={"acc_at": lambda d: held_out_label(d["acc_metric"]) if "acc_metric" in d else ""})
     at_ref = df[(df["lr_factor"] == 1.0) & (df["uaq_group_lr_s"] == 1.0)]
     have = {(tuple(row[k] for k in GROUP), _ident(row)) for _, row in at_ref.iterrows()}
     qarl = bool(((r["precision"] == "w4a16") | (r["correction"] == "tbpo")).any())

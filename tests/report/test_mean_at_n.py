@@ -42,3 +42,27 @@ def test_avg_at_32_over_data_sources_is_the_accuracy(tmp_path):
     hist = data.history.set_index(["mlflow_run_id", "step"])["acc"]
     assert hist.loc[(avg32, 0)] == pytest.approx(0.15) and hist.loc[(avg32, 10)] == pytest.approx(0.35)
     assert hist.loc[(greedy, 0)] == pytest.approx(0.25) and hist.loc[(greedy, 5)] == pytest.approx(0.5)
+
+
+def test_the_main_table_names_avg_at_32_where_the_runs_were_validated_so(tmp_path):
+    """The papers' AIME column is Avg@32: the main table says how each row was validated, from the
+    runs' own keys (greedy mean@1 elsewhere), in its CSV (`acc_at`) and its displayed table."""
+    from suite.report import fmt
+    from suite.report.data import load_runs
+    from suite.report.tables import held_out_label, main_table
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    exp = client.create_experiment("verl")
+    _run(client, exp, "dapo-math-17k", {"val-core/aime2024/acc/mean_at_32": [(0, 0.10), (10, 0.30)],
+                                        "val-core/aime2024/acc/mean_at_1": [(0, 0.9), (10, 0.9)]})
+    _run(client, exp, "gsm8k", {"val-core/openai/gsm8k/acc/mean_at_1": [(0, 0.25), (5, 0.5)]})
+    main = main_table(load_runs(uri).runs)
+    measured = main[main["n"] > 0].set_index("task")
+    assert measured.loc["dapo-math-17k", "acc_at"] == "Avg@32" and measured.loc["gsm8k", "acc_at"] == "mean@1"
+    shown = fmt.display_main(main[main["n"] > 0])
+    assert sorted(shown["held-out"]) == ["Avg@32", "mean@1"]
+    assert (main.loc[main["n"] == 0, "acc_at"] == "").all()  # the papers' grid rows nobody ran
+    assert held_out_label(["a/acc/mean_at_1;b/acc/mean_at_16", "c/acc/mean_at_16"]) == "mean@1 / Avg@16"
+    assert held_out_label(["", "val-core/x/reward/best_at_4/mean"]) == ""
