@@ -185,6 +185,11 @@ def _int_or_na(value):
         return pd.NA
 
 
+# verl's names for the learning rate and the step count among the params its MLflow logger records
+VERL_LR_PARAM = "actor_rollout_ref/actor/optim/lr"
+VERL_STEPS_PARAM = "trainer/total_training_steps"
+
+
 def _identity(row: dict, tags: dict, params: dict, before_rename: bool) -> dict:
     """Fill the axes and identity columns of `row` from a run's tags, falling back to its params."""
     for axis in AXES:
@@ -195,8 +200,9 @@ def _identity(row: dict, tags: dict, params: dict, before_rename: bool) -> dict:
     row["uaq_s"] = _float(row["uaq_s"])
     row["aligned_forward"] = str(row["aligned_forward"]).lower() == "true"
     row["seed"] = _int_or_na(row["seed"])
-    row["lr"] = _float(params.get("train.lr"))
-    row["steps"] = _int_or_na(params.get("steps"))
+    # a verl run's params are verl's own config (its MLflow logger flattens it with "/")
+    row["lr"] = _float(params.get("train.lr", params.get(VERL_LR_PARAM)))
+    row["steps"] = _int_or_na(params.get("steps", params.get(VERL_STEPS_PARAM)))
     return row
 
 

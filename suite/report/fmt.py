@@ -94,7 +94,7 @@ def _identity_cells(df: pd.DataFrame) -> dict:
     """The columns that say which configuration a row is (ROW_AXES, as text)."""
     kernels = [f"{_text(a)}/{_text(b)}" if (a or b) else "—" for a, b in zip(df["kernels"], df["bf16_kernels"])]
     return {
-        "task": df["task"], "model": df["model"], "algo": df["algo"],
+        "task": df["task"], "model": df["model"], "algo": df["algo"], "backend": df["backend"].map(_text),
         "precision": [precision_label(p, g) for p, g in zip(df["precision"], df["fp8_granularity"])],
         "method": df["method"], "UAQ s": df["uaq_s"].map(lambda v: num(v, "{:g}")),
         "steps": df["steps"].map(lambda v: num(v, "{:.0f}")), "lr": df["lr"].map(lambda v: num(v, "{:g}")),

@@ -66,3 +66,37 @@ def test_the_main_table_names_avg_at_32_where_the_runs_were_validated_so(tmp_pat
     assert (main.loc[main["n"] == 0, "acc_at"] == "").all()  # the papers' grid rows nobody ran
     assert held_out_label(["a/acc/mean_at_1;b/acc/mean_at_16", "c/acc/mean_at_16"]) == "mean@1 / Avg@16"
     assert held_out_label(["", "val-core/x/reward/best_at_4/mean"]) == ""
+
+
+def test_a_verl_run_and_an_embedded_run_of_one_cell_sit_side_by_side(tmp_path):
+    """verl's MLflow logger records verl's own config as params ("/"-flattened): the report reads a
+    verl run's lr and steps from them, and the main table names each row's backend, so the same
+    cell on both backends is two rows of one table that differ in the backend column only."""
+    from suite.report import fmt
+    from suite.report.data import load_runs
+    from suite.report.tables import main_table
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    exp = client.create_experiment("both")
+    ids = {}
+    verl_params = {"actor_rollout_ref/actor/optim/lr": "3e-05", "trainer/total_training_steps": "40"}
+    for backend, params in (("verl", verl_params), ("embedded", {"train.lr": "3e-05", "steps": "40"})):
+        tags = {"backend": backend, "precision": "int8", "correction": "acr", "uaq_s": "1", "algo": "grpo",
+                "task": "arith", "model": "tiny", "aligned_forward": "false", "seed": "0", "trainer_dtype": "fp32"}
+        rid = client.create_run(exp, tags=tags).info.run_id
+        for k, v in params.items():
+            client.log_param(rid, k, v)
+        client.log_metric(rid, "val-core/arith/acc/mean_at_1", 0.5 if backend == "verl" else 0.625, step=40)
+        client.set_terminated(rid, "FINISHED")
+        ids[backend] = rid
+    runs = load_runs(uri).runs.set_index("mlflow_run_id")
+    assert runs.loc[ids["verl"], "lr"] == pytest.approx(3e-5) and runs.loc[ids["verl"], "steps"] == 40
+    main = main_table(load_runs(uri).runs)
+    measured = main[main["n"] > 0]
+    assert sorted(measured["backend"]) == ["embedded", "verl"]
+    shown = fmt.display_main(measured).set_index("backend")
+    assert shown.loc["verl", "acc % [95% CI]"].startswith("50.0") and shown.loc["embedded", "steps"] == "40"
+    same = [c for c in shown.columns if c not in ("acc % [95% CI]", "acc % per seed", "variant")]
+    assert (shown.loc["verl", same] == shown.loc["embedded", same]).all(), shown[same].T
