@@ -12,7 +12,8 @@ The model is the cached warm start `suite run` with the same overrides starts fr
 cached here if missing), before UAQ: the verl backend applies `uaq.s` to the exported directory
 itself. With ``--run`` it is the run's actor at its newest checkpoint (UAQ-rescaled if the run used
 UAQ: the same function, exact in real arithmetic), with the data of the run's own config.
-vLLM's CPU build serves only some head sizes (``VLLM_CPU_HEAD_SIZES``); another is refused. Sequences are the embedded ones: a prompt is its characters, no `<bos>`
+vLLM's CPU build serves only some head sizes (``VLLM_CPU_HEAD_SIZES``); another is refused.
+Sequences are the embedded ones: a prompt is its characters, no `<bos>`
 (suite.embedded.tokenizer), so the tokenizer's chat template writes the message's content alone.
 """
 

@@ -13,7 +13,7 @@ token (``fake_quant_act``). This module does the same in verl 0.9.1 without fork
   and the weight sync to vLLM are unchanged), whose forward is
   ``F.linear(fake_quant_act(x, scheme, ste=True), fake_quant(weight, scheme, ste=True), bias)``:
   W8A8 for int8 / fp8, whose rollout also quantizes each token's activations (per token for
-  INT8; per token and 128-wide group for verl's block FP8, as vLLM does), weight-only for
+  INT8 and per-channel FP8; per token and 128-wide group for verl's block FP8, as vLLM does), weight-only for
   bf16 / w4a16 (16-bit activations: ``fake_quant_act`` is the identity). Under FSDP the
   forward sees the unsharded weight in the mixed-precision ``param_dtype`` (bf16): the same
   bf16 weights that verl syncs to vLLM and that the rollout quantizes, so both sides quantize
@@ -30,9 +30,9 @@ token (``fake_quant_act``). This module does the same in verl 0.9.1 without fork
 
 The scheme travels as one string (:func:`scheme_spec` / :func:`parse_spec`): ``bf16``,
 ``int8`` (per-output-channel weights and per-token activations, as the INT8 rollout),
-``w4a16:<group_size>:<sym|asym>`` and ``fp8:block:<block>`` (verl's native FP8 rollout
-quantizes 128x128 weight blocks and 1x128 activation groups whatever ``quant.fp8_granularity``
-says; the aligned forward follows the rollout).
+``w4a16:<group_size>:<sym|asym>``, ``fp8:per_channel`` (QuRL's FP8: compressed-tensors, per-token
+activations) and ``fp8:block:<block>`` (verl's native FP8 rollout quantizes 128x128 weight blocks
+and 1x128 activation groups; the aligned forward follows the rollout).
 
 verl's own QAT (``actor.qat``) is NVFP4 (W4A4 / W4A16 with FP4 E2M1 codes): a different grid
 from the rollouts the suite runs, so it is not used here.

