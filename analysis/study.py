@@ -81,7 +81,8 @@ def run_table(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     for col in RUN_COLUMNS:
         if col not in runs:
             runs[col] = np.nan
-    return runs[RUN_COLUMNS + ["mlflow_run_id"]].sort_values(["backend", "precision", "correction", "uaq_s", "lr", "seed"])
+    order = ["backend", "precision", "correction", "uaq_s", "lr", "seed"]
+    return runs[RUN_COLUMNS + ["mlflow_run_id"]].sort_values(order)
 
 
 def summary_table(runs: pd.DataFrame, by: list[str]) -> pd.DataFrame:
