@@ -252,7 +252,10 @@ def _bar_labels(thr: pd.DataFrame) -> list[str]:
         labels.append(" ".join([prec, _label(r.to_dict(), [c for c in cols if c != "variant"]),
                                 str(r["variant"]) if "variant" in cols else ""]).strip())
     dup = pd.Series(list(zip(thr["model"], labels))).duplicated(keep=False).to_numpy()
-    return [f"{lab} [{k}]" if d else lab for lab, k, d in zip(labels, thr["group_key"], dup)]
+    labels = [f"{lab} [{k}]" if d else lab for lab, k, d in zip(labels, thr["group_key"], dup)]
+    # one configuration measured at several workloads (its rows of the throughput table): name each
+    dup = pd.Series(list(zip(thr["model"], labels))).duplicated(keep=False).to_numpy()
+    return [f"{lab} {w}" if d else lab for lab, w, d in zip(labels, thr.get("workload", thr["group_key"]), dup)]
 
 
 def throughput_bars(thr: pd.DataFrame):

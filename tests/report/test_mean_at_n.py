@@ -100,3 +100,22 @@ def test_a_verl_run_and_an_embedded_run_of_one_cell_sit_side_by_side(tmp_path):
     assert shown.loc["verl", "acc % [95% CI]"].startswith("50.0") and shown.loc["embedded", "steps"] == "40"
     same = [c for c in shown.columns if c not in ("acc % [95% CI]", "acc % per seed", "variant")]
     assert (shown.loc["verl", same] == shown.loc["embedded", same]).all(), shown[same].T
+
+
+def test_throughput_bars_name_one_configuration_measured_at_several_workloads():
+    """A verl run's workload hashes verl's own params, which differ per seed, so one configuration
+    can be several throughput rows: each gets its own bar label (the figure used to fail with
+    "cannot reindex on an axis with duplicate labels")."""
+    import pandas as pd
+
+    from suite.report.plots import _bar_labels, throughput_bars
+
+    row = {"model": "tiny", "precision": "bf16", "fp8_granularity": "", "method": "naive", "uaq_s": 1.0,
+           "uaq_group_lr_s": 1.0, "lr": 3e-5, "steps": 40, "trainer_dtype": "fp32", "kernels": "vllm",
+           "kernels_executed": "", "bf16_kernels": "vllm", "task": "arith", "algo": "grpo", "backend": "verl",
+           "variant": "", "group_key": "g1", "gen_tokens_per_s": float("nan"), "speedup": float("nan"),
+           "speedup_ref": "", "n": 0}
+    thr = pd.DataFrame([{**row, "workload": "wl-a"}, {**row, "workload": "wl-b"}])
+    labels = _bar_labels(thr)
+    assert len(set(labels)) == 2 and labels[0].endswith("wl-a") and labels[1].endswith("wl-b")
+    throughput_bars(thr)  # draws
