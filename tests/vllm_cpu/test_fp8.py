@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_weight_sync import PROMPTS, _weights, sync, verl_env  # noqa: F401  (verl_env: a fixture)
-from vllm_tiny import NUMBERS, checkpoints, engine, prompt_logprobs, rollout_logprobs, sequences, tiny_model, \
-    torch_logprobs, w8a8_reference
+from test_weight_sync import syncs_equal_fresh_loads, verl_env  # noqa: F401  (verl_env: a fixture)
+from vllm_tiny import NUMBERS, checkpoints, engine, prompt_logprobs, sequences, tiny_model, torch_logprobs, \
+    w8a8_reference
 
 from suite.core.quant import QuantScheme
 
@@ -55,20 +55,7 @@ def test_fp8_logprobs_equal_an_independent_w8a8_fp8_in_float32(tmp_path):
 def test_fp8_syncs_equal_a_fresh_load_of_the_fp8_checkpoint(verl_env, tmp_path):  # noqa: F811
     verl_env.setenv("SUITE_ROLLOUT_QUANT", "fp8_per_channel")
     ck = {seed: checkpoints(tmp_path / str(seed), seed, fp8=True) for seed in (0, 1, 2)}
-    want = {}
-    for seed in (1, 2):  # fresh loads of the FP8 checkpoints of the weights synced below
-        llm = engine(ck[seed]["fp8"], "bfloat16")
-        want[seed] = rollout_logprobs(llm, PROMPTS)
-        del llm
-    llm = engine(ck[0]["fp8"], "bfloat16", worker_extension_cls="suite.verl.int8_hook.QuantizedWeightSyncExtension")
-    start = rollout_logprobs(llm, PROMPTS)
-    seconds = []
-    for seed in (1, 2, 1):  # repeated syncs, back to an earlier model too
-        seconds.append(sync(llm, _weights(ck[seed]["fp"])))
-        got = rollout_logprobs(llm, PROMPTS)
-        assert got == want[seed], f"after syncing model {seed}: {got[0]} vs fresh load {want[seed][0]}"
-    del llm
-    assert start != want[1]  # the syncs changed what the engine computes
+    seconds = syncs_equal_fresh_loads(ck, "fp8", "bfloat16")
     NUMBERS.append("fp8 per-channel weight sync (bf16): " + ", ".join(f"{s:.3f} s" for s in seconds)
                    + "; log-probs identical to a fresh FP8 load")
 

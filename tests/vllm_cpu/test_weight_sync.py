@@ -55,16 +55,16 @@ def sync(llm, weights) -> float:
 PROMPTS = [s[:10] for s in sequences(4, seed=1)]
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16"])
-def test_int8_syncs_equal_a_fresh_load_of_the_int8_checkpoint(verl_env, tmp_path, dtype):
-    verl_env.setenv("SUITE_ROLLOUT_QUANT", "int8")
-    ck = {seed: checkpoints(tmp_path, seed) for seed in (0, 1, 2)}
+def syncs_equal_fresh_loads(ck: dict, kind: str, dtype: str) -> list[float]:
+    """Start an engine from model 0's ``kind`` checkpoint with the sync extension, sync models 1, 2,
+    1 into it, and after each sync compare its greedy tokens and log-probs with a fresh engine
+    loaded from that model's ``kind`` checkpoint: equal, and unlike model 0's. Returns the seconds."""
     want = {}
-    for seed in (1, 2):  # fresh loads of the INT8 checkpoints of the weights synced below
-        llm = engine(ck[seed]["int8"], dtype)
+    for seed in (1, 2):  # fresh loads of the quantized checkpoints of the weights synced below
+        llm = engine(ck[seed][kind], dtype)
         want[seed] = rollout_logprobs(llm, PROMPTS)
         del llm
-    llm = engine(ck[0]["int8"], dtype, worker_extension_cls="suite.verl.int8_hook.QuantizedWeightSyncExtension")
+    llm = engine(ck[0][kind], dtype, worker_extension_cls="suite.verl.int8_hook.QuantizedWeightSyncExtension")
     start = rollout_logprobs(llm, PROMPTS)
     seconds = []
     for seed in (1, 2, 1):  # repeated syncs, back to an earlier model too
@@ -73,6 +73,14 @@ def test_int8_syncs_equal_a_fresh_load_of_the_int8_checkpoint(verl_env, tmp_path
         assert got == want[seed], f"after syncing model {seed}: {got[0]} vs fresh load {want[seed][0]}"
     del llm
     assert start != want[1]  # the syncs changed what the engine computes
+    return seconds
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16"])
+def test_int8_syncs_equal_a_fresh_load_of_the_int8_checkpoint(verl_env, tmp_path, dtype):
+    verl_env.setenv("SUITE_ROLLOUT_QUANT", "int8")
+    ck = {seed: checkpoints(tmp_path, seed) for seed in (0, 1, 2)}
+    seconds = syncs_equal_fresh_loads(ck, "int8", dtype)
     NUMBERS.append(f"int8 weight sync ({dtype}, {len(_weights(ck[1]['fp']))} tensors, {BUCKET_MB} MB buckets): "
                    + ", ".join(f"{s:.3f} s" for s in seconds) + "; log-probs identical to a fresh INT8 load")
 
