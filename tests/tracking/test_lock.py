@@ -4,15 +4,18 @@ processes on one run id."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
+from filelock import MarkerSoftFileLock
 
 from suite.tracking import lock as lock_mod
 from suite.tracking.lock import LOCK_FILE, RunLockedError, run_lock
@@ -33,36 +36,51 @@ def test_a_second_holder_is_refused_naming_the_first(tmp_path):
         pass
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
 @pytest.fixture
 def no_flock(monkeypatch):
-    """A filesystem that refuses flock (some NFS/Lustre mounts): the O_EXCL fallback."""
+    """A filesystem that refuses flock (some NFS/Lustre mounts): the marker-file fallback. flock is
+    refused in this process only, where filelock calls it (`fcntl.flock`)."""
     def refuse(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(lock_mod.fcntl, "flock", refuse)
+    monkeypatch.setattr(fcntl, "flock", refuse)
 
 
-def test_exclusive_file_fallback_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path, no_flock):
-    excl = tmp_path / (LOCK_FILE + ".excl")
+# a holder under the fallback that dies without releasing (os._exit skips every finally)
+DIE_HOLDING = textwrap.dedent("""
+    import errno, fcntl, os, sys
+    def refuse(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+    fcntl.flock = refuse
+    from suite.tracking.lock import run_lock
+    with run_lock(sys.argv[1]):
+        print(os.getpid(), flush=True)
+        os._exit(0)
+""")
+
+
+def test_marker_fallback_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path, no_flock):
+    excl = tmp_path / (LOCK_FILE + lock_mod.EXCL_SUFFIX)
+
+    def owner_pid():
+        return MarkerSoftFileLock(excl).owner.pid
+
     with run_lock(tmp_path):
-        assert json.loads(excl.read_text())["pid"] == os.getpid()
-        with pytest.raises(RunLockedError, match=f"pid {os.getpid()}"):
+        assert owner_pid() == os.getpid()
+        with pytest.raises(RunLockedError, match=f"pid {os.getpid()} on host {socket.gethostname()}"):
             with run_lock(tmp_path):
                 pass
     assert not excl.exists()
-    host = socket.gethostname()
-    excl.write_text(json.dumps({"pid": _dead_pid(), "host": host, "since": time.time()}))
-    with run_lock(tmp_path):  # the holder died without releasing: taken over
-        assert json.loads(excl.read_text())["pid"] == os.getpid()
-    excl.write_text(json.dumps({"pid": 12345, "host": "another-node", "since": time.time()}))
+    dead = subprocess.run([sys.executable, "-c", DIE_HOLDING, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert excl.exists() and owner_pid() == int(dead.stdout)  # the holder died without releasing
+    with run_lock(tmp_path):  # taken over
+        assert owner_pid() == os.getpid()
+    # another node's holder cannot be checked from here: refused, named (filelock's marker format,
+    # filelock/_soft/_records.py encode_marker)
+    excl.write_text("filelock/2\npid=12345\nhost=another-node\nmode=exclusive\n")
     with pytest.raises(RunLockedError, match="pid 12345 on host another-node"):
-        with run_lock(tmp_path):  # another host's process cannot be checked from here
+        with run_lock(tmp_path):
             pass
 
 
