@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -80,33 +80,32 @@ def is_quantized_linear(name: str) -> bool:
     return len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in QUANTIZED_LINEARS
 
 
-def requantize_int8(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full-precision weight) -> vLLM compressed-tensors W8A8 tensors.
-
-    A block linear ``...proj.weight`` [out, in] becomes ``...proj.weight`` (int8 codes) and
-    ``...proj.weight_scale`` (float32 [out, 1]); every other tensor passes unchanged. Runs on the
-    tensors' device (CPU or GPU: the same quantizer, bit for bit; slurm/gpu_check.sh).
-    """
+def _requantized(weights: Iterable[tuple[str, torch.Tensor]],
+                 quantize: Callable[[torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]]
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """A block linear's ``...proj.weight`` [out, in] -> ``quantize(weight in float32, name)``'s codes as
+    ``...proj.weight`` and its scales as ``...proj.weight_scale`` (float32 [out, 1]); every other
+    tensor passes unchanged."""
     for name, w in weights:
         if is_quantized_linear(name):
-            codes, scales = quantize_int8_per_channel(w.to(torch.float32), name=name)
+            codes, scales = quantize(w.to(torch.float32), name)
             yield name, codes
             yield name[: -len("weight")] + "weight_scale", scales.to(torch.float32)
         else:
             yield name, w
+
+
+def requantize_int8(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full-precision weight) -> vLLM compressed-tensors W8A8 tensors: a block linear's
+    weight becomes int8 codes and per-channel scales (:func:`_requantized`). Runs on the tensors'
+    device (CPU or GPU: the same quantizer, bit for bit; slurm/gpu_check.sh)."""
+    return _requantized(weights, lambda w, name: quantize_int8_per_channel(w, name=name))
 
 
 def requantize_fp8(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full-precision weight) -> vLLM compressed-tensors FP8 (per-channel) tensors: a block
-    linear's ``...proj.weight`` [out, in] becomes float8 E4M3 codes and ``...proj.weight_scale``
-    (float32 [out, 1]); every other tensor passes unchanged."""
-    for name, w in weights:
-        if is_quantized_linear(name):
-            codes, scales = quantize_fp8(w.to(torch.float32), "per_channel", name=name)
-            yield name, codes
-            yield name[: -len("weight")] + "weight_scale", scales.to(torch.float32)
-        else:
-            yield name, w
+    linear's weight becomes float8 E4M3 codes and per-channel scales (:func:`_requantized`)."""
+    return _requantized(weights, lambda w, name: quantize_fp8(w, "per_channel", name=name))
 
 
 def requantize(weights: Iterable[tuple[str, torch.Tensor]], rollout: VerlRollout) -> Iterator[tuple[str, torch.Tensor]]:

@@ -30,38 +30,27 @@ AR = "actor_rollout_ref.rollout"
 WORKER_EXTENSION = "suite.verl.int8_hook.QuantizedWeightSyncExtension"
 VERL_FP8_BLOCK = 128  # verl's native FP8 rollout: weight_block_size [128, 128] (vllm_async_server)
 
-# vLLM compressed-tensors config for W8A8 INT8 (the scheme llm-compressor writes for "W8A8"
-# int8): symmetric per-output-channel int8 weights, dynamic per-token int8 activations.
-W8A8_QUANT_CONFIG = {
-    "quant_method": "compressed-tensors",
-    "format": "int-quantized",
-    "ignore": ["lm_head"],
-    "config_groups": {
-        "group_0": {
-            "targets": ["Linear"],
-            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
-            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
-                                  "dynamic": True},
-        }
-    },
-}
+def _w8a8_config(kind: str) -> dict:
+    """vLLM's compressed-tensors config of a W8A8 scheme whose 8-bit codes are of ``kind`` ("int":
+    the scheme llm-compressor writes for "W8A8" int8; "float": E4M3, its "FP8_DYNAMIC", which QuRL's
+    FP8 rollout is): symmetric per-output-channel weights, dynamic per-token activations."""
+    return {
+        "quant_method": "compressed-tensors",
+        "format": f"{kind}-quantized",
+        "ignore": ["lm_head"],
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": kind, "symmetric": True, "strategy": "channel", "dynamic": False},
+                "input_activations": {"num_bits": 8, "type": kind, "symmetric": True, "strategy": "token",
+                                      "dynamic": True},
+            }
+        },
+    }
 
 
-# The same for FP8 E4M3 (llm-compressor's "FP8_DYNAMIC" scheme, which QuRL's FP8 rollout is):
-# symmetric per-output-channel float8 weights, dynamic per-token float8 activations.
-FP8_CHANNEL_QUANT_CONFIG = {
-    "quant_method": "compressed-tensors",
-    "format": "float-quantized",
-    "ignore": ["lm_head"],
-    "config_groups": {
-        "group_0": {
-            "targets": ["Linear"],
-            "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "dynamic": False},
-            "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
-                                  "dynamic": True},
-        }
-    },
-}
+W8A8_QUANT_CONFIG = _w8a8_config("int")
+FP8_CHANNEL_QUANT_CONFIG = _w8a8_config("float")
 
 
 @dataclass(frozen=True)
@@ -89,6 +78,13 @@ class VerlRollout:
 # the override that makes vLLM build its workers with the suite's extension (weight sync, re-staging)
 EXTENSION_OVERRIDES = ((f"+{AR}.engine_kwargs.vllm.worker_extension_cls", WORKER_EXTENSION),)
 
+
+def _compressed_tensors(config: dict) -> tuple[tuple[str, object], ...]:
+    """The overrides of a rollout that vLLM runs as compressed-tensors ``config``, re-quantized at
+    each weight sync by the suite's extension."""
+    return EXTENSION_OVERRIDES + ((f"+{AR}.engine_kwargs.vllm.quantization", "compressed-tensors"),
+                                  (f"+{AR}.engine_kwargs.vllm.hf_overrides", {"quantization_config": config}))
+
 # In the order config errors list them (bf16, fp8, int8, w4a16).
 VERL_ROLLOUTS: dict[str, VerlRollout] = {
     "bf16": VerlRollout((), None, lambda g, sym: QuantScheme(precision="bf16")),
@@ -100,8 +96,7 @@ VERL_ROLLOUTS: dict[str, VerlRollout] = {
         on_vllm_cpu=lambda features: features.amx, vllm_cpu_needs="AMX",
     ),
     "int8": VerlRollout(
-        EXTENSION_OVERRIDES + ((f"+{AR}.engine_kwargs.vllm.quantization", "compressed-tensors"),
-                      (f"+{AR}.engine_kwargs.vllm.hf_overrides", {"quantization_config": W8A8_QUANT_CONFIG})),
+        _compressed_tensors(W8A8_QUANT_CONFIG),
         "requantize", lambda g, sym: QuantScheme(precision="int8"),
         vllm_scheme="CompressedTensorsW8A8Int8", quant_config=W8A8_QUANT_CONFIG,
         # vLLM CPU's W8A8 linear is oneDNN's s8 x s8 matmul (or sgl-kernel's on AMX): exact with a
@@ -125,8 +120,7 @@ VERL_PRECISIONS = tuple(VERL_ROLLOUTS)
 # vLLM CPU runs it with torch._scaled_mm on E4M3 operands (ChannelWiseTorchFP8ScaledMMLinearKernel,
 # vllm/model_executor/kernels/linear/scaled_mm/pytorch.py at v0.31.0; AMX-FP8 CPUs get their own).
 FP8_PER_CHANNEL = VerlRollout(
-    EXTENSION_OVERRIDES + ((f"+{AR}.engine_kwargs.vllm.quantization", "compressed-tensors"),
-                  (f"+{AR}.engine_kwargs.vllm.hf_overrides", {"quantization_config": FP8_CHANNEL_QUANT_CONFIG})),
+    _compressed_tensors(FP8_CHANNEL_QUANT_CONFIG),
     "requantize", lambda g, sym: QuantScheme(precision="fp8", fp8_granularity="per_channel"),
     ("fp8_granularity",), vllm_scheme="CompressedTensorsW8A8Fp8", quant_config=FP8_CHANNEL_QUANT_CONFIG,
 )
