@@ -186,6 +186,7 @@ def _one_per_class():
 
 
 @pytest.mark.parametrize("overrides, key", _one_per_class())
+@pytest.mark.slow
 def test_bad_run_input_through_a_real_process(overrides, key, tmp_path):
     work = tmp_path / "work"
     work.mkdir()

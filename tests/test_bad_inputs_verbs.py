@@ -299,6 +299,7 @@ def _one_per_class():
 
 
 @pytest.mark.parametrize("argv, text, names", _one_per_class())
+@pytest.mark.slow
 def test_bad_input_through_a_real_process(argv, text, names, tmp_path):
     work = tmp_path / "work"
     work.mkdir()

@@ -129,6 +129,7 @@ def _check_example(line: str, tmp_path: Path, capsys) -> None:
 
 
 @pytest.mark.parametrize("line", _help_examples())
+@pytest.mark.slow
 def test_every_help_example_works(line, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -136,6 +137,7 @@ def test_every_help_example_works(line, tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("line", _doc_examples())
+@pytest.mark.slow
 def test_every_docs_example_works(line, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -147,6 +149,7 @@ def test_the_examples_cover_every_verb():
     assert verbs >= {"run", "sweep", "status", "cancel", "report", "bench", "tune", "sync"}, verbs
 
 
+@pytest.mark.slow
 def test_a_sweep_command_prints_no_warning(tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "default"}
     proc = subprocess.run([sys.executable, "-m", "suite.cli", "sweep", str(REPO / "experiments/quickstart.yaml"),

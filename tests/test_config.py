@@ -136,6 +136,7 @@ def test_task_bounds_accept_their_edge_and_refuse_one_past_it(good, bad, key, al
 
 
 @pytest.mark.parametrize("name, difficulty", [("arith", d) for d in (1, 2, 3, 4)] + [("word", d) for d in (1, 2, 3)])
+@pytest.mark.slow
 def test_what_compose_accepts_the_run_sets_up(name, difficulty, tmp_path):
     """At the edge compose allows (the longest new-token budget, the largest held-out set), the
     embedded run's own late checks pass: the compose bounds are never looser than theirs."""

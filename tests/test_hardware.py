@@ -51,6 +51,7 @@ def test_every_auto_choice_is_concrete_in_the_composed_config():
     assert run_id(explicit) == run_id(cfg)
 
 
+@pytest.mark.slow
 def test_the_default_trainer_dtype_is_fp32_on_every_machine():
     here = _compose_in({}, [])
     avx2 = _compose_in(AVX2, [])
@@ -70,6 +71,7 @@ def test_different_kernel_paths_never_share_a_run_id():
 
 
 @pytest.mark.skipif(not NATIVE_HERE, reason="this machine resolves like an AVX2 one: nothing to tell apart")
+@pytest.mark.slow
 def test_an_avx2_machine_resolves_auto_differently_and_gets_another_run_id():
     here = _compose_in({}, ["quant.kernels=auto", "quant.bf16_kernels=auto", "train.autocast=auto"])
     avx2 = _compose_in(AVX2, ["quant.kernels=auto", "quant.bf16_kernels=auto", "train.autocast=auto"])
@@ -88,6 +90,7 @@ def test_explicit_choices_and_sweep_pins_compose_to_the_same_run_on_any_machine(
     assert avx2["id"] == run_id(cfg)
 
 
+@pytest.mark.slow
 def test_sweep_cells_carry_the_pins_of_the_machine_that_composed_them(tmp_path):
     from suite.sweep.spec import load_sweep
 
@@ -193,6 +196,7 @@ def probes(tmp_path_factory):
     return res
 
 
+@pytest.mark.slow
 def test_int8_rollouts_native_and_emulated_are_bit_identical_on_one_machine(probes):
     for side in ("here", "avx2"):
         nat, emu = probes[side]["int8-native"], probes[side]["int8-emulated"]

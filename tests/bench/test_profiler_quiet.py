@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 OURS = """
 import json, torch
 from suite.bench.rollout import op_shares
@@ -31,6 +33,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_op_shares_prints_no_profiler_lines():
     plain = _run(PLAIN)
     assert plain.returncode == 0, plain.stderr

@@ -100,6 +100,7 @@ def test_the_data_are_the_runs_prompts_and_the_reward_is_the_tasks_verify(export
         assert reward.compute_score("arith", ex.response, str(int(ex.answer) + 1), extra) == 0.0
 
 
+@pytest.mark.slow
 def test_export_refuses_a_used_directory_and_another_backend(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("x")
@@ -116,6 +117,7 @@ def test_export_refuses_a_used_directory_and_another_backend(tmp_path):
     assert proc.returncode == 2 and "embedded backend" in proc.stderr and not (tmp_path / "o2").exists()
 
 
+@pytest.mark.slow
 def test_export_of_a_run_writes_its_trained_actor_and_refuses_a_run_without_a_checkpoint(tmp_path):
     """`suite export --run RUN_DIR`: the actor at the run's newest checkpoint (here after 2 RL
     steps, so it differs from the warm start), the run's own prompts; a run dir without a

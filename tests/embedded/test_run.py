@@ -95,6 +95,7 @@ def steps_of(run_dir):
     return [e["step"] for e in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
 
 
+@pytest.mark.slow
 def test_tiny_run_logs_every_metric_to_jsonl_and_mlflow(tmp_path):
     cfg = tiny_cfg(tmp_path)
     run_dir, summary = run_cfg(cfg)
@@ -136,6 +137,7 @@ def test_tiny_run_logs_every_metric_to_jsonl_and_mlflow(tmp_path):
     assert again["already_finished"] and steps_of(run_dir) == list(range(cfg.steps + 1))
 
 
+@pytest.mark.slow
 def test_tiny_run_logs_mismatch_quantiles_error_tokens_and_avg_at_k(tmp_path):
     """The new per-step keys are finite and in range every step; avg@k (task.eval_samples) is
     logged at the evaluation steps next to the greedy mean@1, as a multiple of 1 / (n_eval k)."""
@@ -165,6 +167,7 @@ def test_tiny_run_logs_mismatch_quantiles_error_tokens_and_avg_at_k(tmp_path):
 
 
 @pytest.mark.parametrize("algo, correction", [("ppo", "tis"), ("dapo", "tbpo"), ("grpo", "naive")])
+@pytest.mark.slow
 def test_other_algorithms_and_corrections_run(tmp_path, algo, correction):
     extra = [f"algo={algo}", f"correction={correction}", "steps=2", "eval_every=2", "algo.group_size=4"]
     if algo == "dapo":
@@ -187,6 +190,7 @@ def _trajectory(entries):
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp32"])
+@pytest.mark.slow
 def test_grad_probe_and_rollout_copy_scores_leave_the_trajectory_bit_identical(tmp_path, precision):
     """train.grad_probe_every=1 and task.eval_rollout_copy=true add their metrics and change nothing
     else, bit for bit: every step's loss, ratios, rewards and accuracies equal the plain run's.
@@ -217,6 +221,7 @@ def test_grad_probe_and_rollout_copy_scores_leave_the_trajectory_bit_identical(t
             assert 0.5 < cos < 1 - 1e-7 and 0.5 < ratio < 2, (cos, ratio)
 
 
+@pytest.mark.slow
 def test_aligned_forward_brings_the_trainer_to_the_rollout_policy(tmp_path):
     common = ["quant=w4a16", "quant.group_size=32", "correction=tbpo", "steps=1", "eval_every=1"]
     kls = {}
@@ -249,6 +254,7 @@ def _w8a8_input_hooks(model, qnames, precision):
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp8", "w4a16"])
+@pytest.mark.slow
 def test_aligned_logprobs_equal_an_independent_rollout_quantized_copy(tmp_path, precision):
     """The aligned forward's log-probs equal, bit for bit, a copy of the actor whose block weights
     hold fake_quant(w) and whose block-linear inputs are quantized per token by hooks (int8 / fp8:
@@ -386,6 +392,7 @@ def _step1(tmp_path, *extra):
     return read_jsonl(os.path.join(run_dir, "metrics.jsonl"))[1]["metrics"]
 
 
+@pytest.mark.slow
 def test_uaq_raises_weight_update_visibility_under_int8(tmp_path):
     """QuRL §4.2: with Adam the update size is ~lr whatever the weight scale, while W/s has an
     s-times smaller INT8 step, so the update/step ratio grows by about s and more of the
@@ -398,6 +405,7 @@ def test_uaq_raises_weight_update_visibility_under_int8(tmp_path):
     assert uaq["quant/update_code_changed_frac"] > plain["quant/update_code_changed_frac"], (plain, uaq)
 
 
+@pytest.mark.slow
 def test_int8_and_fp8_rollouts_drift_further_from_the_trainer_than_bf16(tmp_path):
     """rollout_corr/k3_kl, verl's low-variance estimate of KL(pi_behav || pi_prox) on the sampled
     tokens (rollout_corr/kl is its k1 form): INT8 and FP8 (W8A8, per-token activations) rollouts disagree with the
@@ -454,6 +462,7 @@ def test_int8_and_fp8_rollouts_drift_further_from_the_trainer_than_bf16(tmp_path
     assert all(abs(v) < 1e-2 for v in kl.values()), kl
 
 
+@pytest.mark.slow
 def test_a_run_that_raises_ends_its_mlflow_run_failed(tmp_path):
     """`suite run` on a config that validates but cannot run: non-zero exit, the error on
     stderr, and the MLflow run ended FAILED with the error as a tag (not RUNNING forever)."""
@@ -475,6 +484,7 @@ def test_a_run_that_raises_ends_its_mlflow_run_failed(tmp_path):
     assert runs[0].info.status == "FAILED" and "Not a directory" in runs[0].data.tags["error"]
 
 
+@pytest.mark.slow
 def test_the_uaq_group_lr_control_trains_with_uaq_s_learning_rates(tmp_path):
     """uaq.s=1.0 uaq.group_lr_s=1.5: no rescaling, AdamW groups at lr x 1.5 (q/k/v/gate/up),
     lr / 1.5 (norm gains), lr (the rest); tagged, and a different run from both UAQ and no-UAQ."""

@@ -357,6 +357,7 @@ def test_sample_split_streams_one_split():
     assert all(prompt_split(e.prompt) == "eval" for e in exs)
 
 
+@pytest.mark.slow
 def test_splits_do_not_depend_on_the_hash_seed():
     """Python's str hash is salted per process; the split must not be."""
     code = (

@@ -157,6 +157,7 @@ def test_a_granularity_on_a_non_fp8_row_is_refused(tmp_path):
         load_paper(d)
 
 
+@pytest.mark.slow
 def test_cli_stops_on_a_bad_row_with_exit_2_and_no_traceback(tmp_path):
     d, line = _bad_copy(tmp_path, "paper_main.csv", "correction", "QuRL2")
     out = tmp_path / "out"

@@ -77,6 +77,7 @@ def test_bootstrap_ci_matches_direct_computation():
     assert T.bootstrap_ci(values, seed=0) != T.bootstrap_ci(values, seed=1)
 
 
+@pytest.mark.slow
 def test_runs_frame_statuses_and_axes(loaded, sweep_store):
     runs = loaded.runs
     want = {s: sum(1 for o in sweep_store.outcome.values() if o == s) for s in ("FINISHED", "FAILED", "RUNNING")}
@@ -288,6 +289,7 @@ def test_cli_report_on_the_sweep(sweep_store, tmp_path):
     assert {"report/report.html", "report/tables", "report/figures"} <= names
 
 
+@pytest.mark.slow
 def test_cli_bad_input_names_the_option(sweep_store, tmp_path):
     env = {**os.environ}
     env.pop("MLFLOW_TRACKING_URI", None)

@@ -54,10 +54,13 @@ def test_bad_knob_fails_before_anything_starts(tmp_path):
     assert not (tmp_path / "c").exists()
 
 
-def test_failed_daemon_names_its_log_and_nothing_stays_up(slurm_cluster, tmp_path):
+@pytest.mark.slow
+def test_failed_daemon_names_its_log_and_nothing_stays_up(slurm_cluster, tmp_path_factory):
     """A daemon that dies at startup (munged, given a key it rejects) fails `up` with the log to
-    read, and `up` stops whatever it had started. (Takes the fixture only for root + packages.)"""
-    d = tmp_path / "broken"
+    read, and `up` stops whatever it had started. (Takes the fixture only for root + packages.)
+    The folder is a short one, as the fixture's: a test's own tmp_path (longer still under
+    pytest-xdist) can pass the unix-socket limit that `up` checks before the daemon starts."""
+    d = tmp_path_factory.mktemp("dc") / "broken"
     (d / "munge").mkdir(parents=True)
     (d / "munge" / "munge.key").write_text("short")  # munged wants >= 32 bytes
     proc = subprocess.run(["bash", str(SCRIPT), "up", str(d)], capture_output=True, text=True, timeout=120)
@@ -143,6 +146,7 @@ def test_submitit_job_array_returns_results(slurm_cluster, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_scancel_is_cancelled_as_submitit_sees_it(slurm_cluster, tmp_path):
     job = executor(slurm_cluster, tmp_path / "submitit").submit(time.sleep, 300)
     slurm_cluster.wait_state(job.job_id, ["RUNNING"], timeout_s=30)

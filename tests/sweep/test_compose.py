@@ -32,6 +32,7 @@ def _plain(cfg):
 
 
 @pytest.mark.parametrize("overrides", CASES, ids=lambda ov: " ".join(ov) or "defaults")
+@pytest.mark.slow
 def test_the_fast_path_composes_what_hydra_composes(overrides):
     try:
         want = compose_config(overrides)

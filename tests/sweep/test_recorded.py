@@ -65,6 +65,7 @@ def test_a_changed_file_or_overrides_shows_the_recorded_cells_and_says_so(launch
 
 
 @pytest.mark.parametrize("damage", ["not json", "no cells", "a cell without its run id"])
+@pytest.mark.slow
 def test_an_unreadable_record_composes_the_cells(launched, damage):
     path, full = launched
     m = Path(full.state_dir) / "matrix.json"
@@ -88,6 +89,7 @@ def test_status_looks_for_the_record_where_composing_puts_it():
         assert out_dir_of(unsure) is None
 
 
+@pytest.mark.slow
 def test_status_of_a_108_cell_sweep_composes_nothing(tmp_path, sweep_env):
     """The largest real sweep (the main table, 108 cells) as `suite status` loads it after a
     launch: in a fresh process, no cell composed, neither Hydra's composition nor torch imported."""
@@ -117,6 +119,7 @@ print("mlflow imported:", "mlflow" in sys.modules, "torch imported:", "torch" in
 """
 
 
+@pytest.mark.slow
 def test_status_of_an_ended_sweep_reads_the_parent_status_the_driver_recorded(sweep):
     """Every cell done: status names a parent run still RUNNING (asking MLflow), and takes an end
     the driver recorded from parent_run.json, without importing MLflow."""

@@ -15,6 +15,7 @@ from suite.sweep.spec import SweepError, load_sweep
 from suite.tracking.lock import run_lock
 
 
+@pytest.mark.slow
 def test_a_second_driver_of_one_sweep_is_refused_and_submits_nothing(tmp_path, sweep_env):
     path = write_sweep(tmp_path / "s.yaml", {"name": "locked", "base": TINY, "matrix": {"seed": [0, 1]}})
     sweep = load_sweep(str(path), [f"out_dir={tmp_path / 'runs'}"])

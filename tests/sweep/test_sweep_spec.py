@@ -62,6 +62,7 @@ def test_matrix_include_exclude_expand_in_file_order(tmp_path, sweep_env):
     assert sw.cells[6].cfg.train.lr == 4.5e-5 and sw.cells[6].cfg.quant.precision == "fp8"
 
 
+@pytest.mark.slow
 def test_fast_composer_equals_compose_config(tmp_path, sweep_env):
     """The cached-Hydra path gives exactly compose_config's config, groups and values mixed."""
     path = write_sweep(tmp_path / "s.yaml", {
@@ -91,6 +92,7 @@ VLLM_CPU_FILES = {"study_cross_backend.yaml": "int8"}
 
 
 @pytest.mark.parametrize("path", _sweep_files(), ids=os.path.basename)
+@pytest.mark.slow
 def test_every_experiment_composes_and_validates(path):
     """STYLE.md: one test composes every YAML under experiments/; every cell validates (a file of
     vLLM CPU cells, on a CPU kind that cannot serve them: refused naming what it needs)."""
@@ -123,6 +125,7 @@ def test_a_vllm_cpu_study_is_refused_by_name_on_a_cpu_kind_that_cannot_serve_it(
         load_sweep(str(REPO / "experiments" / "study_cross_backend.yaml"))
 
 
+@pytest.mark.slow
 def test_shipped_experiments_have_the_issue_axes():
     by = {Path(p).stem: load_sweep(p) for p in _sweep_files()}
     assert {"quickstart", "main_table", "ablation_uaq", "ablation_acr", "kl_drift", "qarl_tbpo",
@@ -295,6 +298,7 @@ def test_there_are_at_least_100_malformed_cases():
     assert len({c[0] for c in MALFORMED}) == len(MALFORMED)
 
 
+@pytest.mark.slow
 def test_malformed_sweeps_fail_before_anything_is_created(tmp_path, monkeypatch, capsys, sweep_env):
     """Each malformed file or override: `suite sweep` exits 2 with an error naming the file, the
     key (and the cell where one is at fault), and creates no state dir, job or MLflow store."""
@@ -319,6 +323,7 @@ def test_malformed_sweeps_fail_before_anything_is_created(tmp_path, monkeypatch,
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_error_names_file_cell_and_key(tmp_path, sweep_env):
     path = write_sweep(tmp_path / "conflict.yaml", {
         "name": "conflict", "base": TINY, "matrix": {"algo": ["grpo", "ppo"], "correction": ["acr", "tbpo"]}})

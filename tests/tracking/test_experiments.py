@@ -115,6 +115,7 @@ def test_the_installed_ui_reads_the_view_parameter_the_link_sets():
     assert f'get("{key}")' in bundle and f'MACHINE_LEARNING="{value}"' in bundle
 
 
+@pytest.mark.slow
 def test_a_link_to_a_run_in_a_file_store_names_the_command_and_the_page(client, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = create_run(client, "suite", run_name="r", tags={})

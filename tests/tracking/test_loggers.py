@@ -261,6 +261,7 @@ def test_offline_run_never_raises_then_resync_sends_each_step_once(tmp_path, mlf
     assert history(client, r.run_id, "len") == [(s, 30.0 + s) for s in range(12)]
 
 
+@pytest.mark.slow
 def test_outage_mid_run_with_server_restart(tmp_path, mlflow_server, caplog):
     """The server dies mid-run and comes back on the same store: no exception, the buffer is
     retried at the next flush, and every step is in MLflow exactly once."""
@@ -351,6 +352,7 @@ def test_resume_behind_the_sync_marker_does_not_resend(tmp_path, mlflow_server_u
     assert "not resending 2 metrics of steps <= 5" in caplog.text
 
 
+@pytest.mark.slow
 def test_hung_server_costs_one_timeout_per_flush(tmp_path, monkeypatch):
     """A server that accepts connections and never answers (the worst outage): each flush
     costs one HTTP timeout (MLFLOW_HTTP_REQUEST_TIMEOUT=2 s, no retries), not minutes."""

@@ -57,6 +57,7 @@ def _open(browser: str, url: str, ready: str) -> tuple[str, str]:
         b.close()
 
 
+@pytest.mark.slow
 def test_the_printed_link_opens_the_training_runs_table(mlflow_server_uri, browser):
     client = MlflowClient(mlflow_server_uri)
     run = create_run(client, "suite-ui-browser", run_name="grpo-int8-acr-seed0", tags={})

@@ -121,6 +121,7 @@ def test_mistyped_field_fails_naming_it(tmp_path):
          "objective.metric: 'val-core/arith/acc/mean@1' is not logged by task.name=word"),
     ],
 )
+@pytest.mark.slow
 def test_space_checked_against_run_config(tmp_path, old, new, message):
     spec = load_tune_file(write(tmp_path, GOOD.replace(old, new)))
     if message is None:  # valid: passes
@@ -131,6 +132,7 @@ def test_space_checked_against_run_config(tmp_path, old, new, message):
     assert message in str(e.value)
 
 
+@pytest.mark.slow
 def test_cli_bad_space_exits_before_any_trial(tmp_path):
     path = write(tmp_path, GOOD.replace("uaq.s:", "uaq.scale:"))
     p = subprocess.run([sys.executable, "-m", "suite.cli", "tune", path], capture_output=True, text=True, timeout=300)
@@ -152,6 +154,7 @@ def _tune_files() -> list[str]:
 
 
 @pytest.mark.parametrize("path", _tune_files(), ids=os.path.basename)
+@pytest.mark.slow
 def test_shipped_tune_files_load_and_compose(path):
     text = open(path).read()
     assert text.splitlines()[0].startswith("# suite tune experiments/"), "starts with the command that runs it"

@@ -85,6 +85,7 @@ def composer():
 
 
 @pytest.mark.parametrize("name", PAPER)
+@pytest.mark.slow
 def test_the_dry_run_runs_every_value_of_the_recipe(tmp_path, tiny_qwen2, composer, name):
     from omegaconf import OmegaConf
 
@@ -177,6 +178,7 @@ def test_every_value_has_a_source_and_the_laptop_recipe_changes_no_run():
     assert run_id(compose_config(by_hand)) == run_id(by_recipe)
 
 
+@pytest.mark.slow
 def test_recipe_refusals_name_the_key_and_the_allowed_values(tmp_path):
     proc = _dry_run(tmp_path, "qurl-nope")
     assert proc.returncode == 2 and "qurl-nope" in proc.stderr
@@ -199,6 +201,7 @@ def test_recipe_refusals_name_the_key_and_the_allowed_values(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_runs_on_the_trainer_that_filters_groups():
     """verl 0.9.1 filters DAPO groups in its v1 trainer only: a DAPO run on CPU (whose other runs use
     the legacy trainer) is switched to it, and an override back to the legacy trainer is refused."""

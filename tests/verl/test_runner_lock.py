@@ -62,6 +62,7 @@ def holder(tmp_path):
         p.communicate("\n", timeout=30)
 
 
+@pytest.mark.slow
 def test_a_verl_run_of_a_run_dir_another_process_writes_is_refused(tiny_qwen2, tmp_path, holder):
     overrides = _overrides(tiny_qwen2, tmp_path)
     cfg = compose_config(overrides)

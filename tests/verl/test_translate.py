@@ -102,6 +102,7 @@ def _structural(overrides: list[str]) -> tuple[str, ...]:
 
 
 @pytest.mark.parametrize("name", SWEEPS)
+@pytest.mark.slow
 def test_every_sweep_cell_composes_and_validates(name, verl_paths, composer, uaq_siblings):
     """Each cell + backend=verl: verl overrides compose against ppo_trainer and pass validate_config,
     and the composed verl config carries what the cell means (_check_semantics)."""
@@ -225,6 +226,7 @@ def test_unknown_verl_key_fails(verl_paths, composer):
         composer.compose(verl_overrides(cfg))
 
 
+@pytest.mark.slow
 def test_verl_rejects_what_it_cannot_run(verl_paths):
     with pytest.raises(ConfigError, match=r"quant.precision='fp32'.*bf16, fp8, int8, w4a16"):
         compose_config(verl_paths + ["quant=fp32"])
@@ -323,6 +325,7 @@ def test_fp8_granularity_picks_qurls_per_channel_fp8_or_verls_native_blocks(verl
 
 
 @pytest.mark.parametrize("kind", CPU_KINDS)
+@pytest.mark.slow
 def test_vllm_cpu_build_refuses_what_it_cannot_serve(verl_paths, kind, monkeypatch):
     """backend.device=cpu (vLLM's CPU build), on each CPU kind: what it does not serve there is
     refused at compose time naming quant.precision and what it needs; the rest composes, and the
@@ -380,6 +383,7 @@ def test_cpu_run_overrides_compose_against_verls_config(verl_paths, composer):
     validate_verl_config(vcfg)
 
 
+@pytest.mark.slow
 def test_every_cpu_rollout_gets_the_worker_extension_once():
     """vLLM's CPU build packs 16-bit linears after loading, so a bf16 (or verl-native fp8) rollout on
     CPU needs the suite's extension to re-stage them at each weight sync, like int8 / w4a16 have it;

@@ -111,6 +111,7 @@ def test_w4a16_syncs_equal_a_fresh_load_of_the_fake_quantized_checkpoint(verl_en
     del llm
 
 
+@pytest.mark.slow
 def test_gpu_only_fold_is_guarded_and_skipped_on_cpu():
     """The GPU-only part (fold into the live CUDA tensors) refuses without a GPU, and the CPU path
     never calls it (finish_sync on CPU tensors is a no-op)."""
