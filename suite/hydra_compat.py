@@ -36,14 +36,31 @@ def hydra_config_yaml(overrides: list[str]) -> str:
             + OmegaConf.to_yaml({"hydra": OmegaConf.to_container(cfg.hydra, resolve=False)}))
 
 
+def _store_shape(node: dict) -> tuple:
+    """The names in Hydra's ConfigStore, nested as stored, but for Hydra's own group (which
+    `initialize` fills in): what `config_groups` depends on."""
+    return tuple((k, _store_shape(v) if isinstance(v, dict) else None)
+                 for k, v in sorted(node.items()) if k != "hydra")
+
+
+_GROUPS: dict[tuple, dict[str, tuple[str, ...]]] = {}  # ConfigStore shape -> its groups and options
+
+
 def config_groups() -> dict[str, list[str]]:
-    """Each config group and its options, from Hydra's config loader (public `initialize`)."""
+    """Each config group and its options, from Hydra's config loader (public `initialize`).
+
+    Hydra is asked once per ConfigStore content: its loader is slow to list the groups
+    (docs/bench.md, "Measurements behind the code"), and every sweep composer asks again."""
     from hydra import initialize
+    from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
 
-    GlobalHydra.instance().clear()
-    with initialize(version_base="1.3", config_path=None, job_name="suite"):
-        loader = GlobalHydra.instance().config_loader()
-        groups = {g: loader.get_group_options(g) for g in sorted(loader.list_groups("")) if g != "hydra"}
-    GlobalHydra.instance().clear()
-    return groups
+    shape = _store_shape(ConfigStore.instance().repo)
+    if shape not in _GROUPS:
+        GlobalHydra.instance().clear()
+        with initialize(version_base="1.3", config_path=None, job_name="suite"):
+            loader = GlobalHydra.instance().config_loader()
+            _GROUPS[shape] = {g: tuple(loader.get_group_options(g))
+                              for g in sorted(loader.list_groups("")) if g != "hydra"}
+        GlobalHydra.instance().clear()
+    return {g: list(options) for g, options in _GROUPS[shape].items()}

@@ -65,3 +65,22 @@ def test_one_hydra_compose_per_set_of_group_choices():
 def test_config_groups_from_hydras_loader():
     groups = config_groups()
     assert "hydra" not in groups and groups["algo"] == ["dapo", "grpo", "ppo"]
+
+
+def test_config_groups_are_listed_again_when_the_config_store_changes():
+    """config_groups() asks Hydra once per ConfigStore content: a copy from the cache, and a new
+    option stored later is listed."""
+    from hydra.core.config_store import ConfigStore
+
+    from suite.config import ModelConfig
+
+    first = config_groups()
+    first["model"].append("not-an-option")  # the caller's copy, not the cache
+    assert "not-an-option" not in config_groups()["model"]
+    repo = ConfigStore.instance().repo
+    ConfigStore.instance().store(group="model", name="zz_test_preset", node=ModelConfig(preset="tiny"))
+    try:
+        assert config_groups()["model"] == [*first["model"][:-1], "zz_test_preset"]
+    finally:
+        del repo["model"]["zz_test_preset.yaml"]
+    assert "zz_test_preset" not in config_groups()["model"]
