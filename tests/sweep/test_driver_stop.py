@@ -123,7 +123,8 @@ def test_sigterm_to_a_local_sweep_stops_its_cells_and_ends_their_runs(tmp_path, 
 
 def test_a_sweep_driver_whose_poll_raises_stops_its_cells(tmp_path, sweep_env):
     """The state dir's jobs.jsonl becomes unreadable mid-sweep (here: a directory in its place):
-    the next poll raises; the driver names the file, stops what it started, marks the runs."""
+    the next poll raises; the driver names the file, stops what it started, marks the runs KILLED
+    and its parent FAILED."""
     uri, runs = sweep_env
     path = _sweep(tmp_path, runs, "poll")
     state = runs / "_sweeps" / "poll"
@@ -140,9 +141,9 @@ def test_a_sweep_driver_whose_poll_raises_stops_its_cells(tmp_path, sweep_env):
         assert f'File "{Path(suite.__file__).parent}' not in text, text
         assert procs_naming(folder) == [], "a cell outlived its driver"
     _assert_stopped(uri, "FAILED")
-    jobs.rmdir()
-    os.rename(state / "jobs.saved", jobs)  # the state dir repaired: the re-run resumes the cells
-    _rerun_finishes_without_duplicates(path, runs, uri, tmp_path)
+    # No re-run here: what a re-run does after a stopped driver does not depend on why it stopped
+    # (the parent's end status is the only difference, and set_parent_status takes any), and the
+    # SIGTERM test above re-runs its sweep to the end.
 
 
 def test_sigterm_to_a_tune_driver_stops_its_trials_and_a_rerun_resumes_them(tmp_path, sweep_env):
