@@ -112,7 +112,11 @@ def states(files):
 def killed_and_resumed(study_files):
     root = study_files["root"]
     log1 = open(root / "first.log", "w")
-    first = subprocess.Popen(suite_tune(study_files["path"]), stdout=log1, stderr=subprocess.STDOUT)
+    # its own process group: the kill below takes the driver and the trial jobs it started, as a
+    # closed terminal or a dead machine would, so the trial in flight stays RUNNING (a job left
+    # alive could finish it and leave the second driver nothing to resume)
+    first = subprocess.Popen(suite_tune(study_files["path"]), stdout=log1, stderr=subprocess.STDOUT,
+                             start_new_session=True)
     deadline = time.monotonic() + 900  # ~1 min on a quiet 2-core machine
     try:
         while True:  # kill once a trial has completed and others are running
@@ -122,11 +126,11 @@ def killed_and_resumed(study_files):
             assert first.poll() is None, (root / "first.log").read_text()
             assert time.monotonic() < deadline, "no trial completed in time"
             time.sleep(0.5)
-        first.send_signal(signal.SIGKILL)
+        os.killpg(first.pid, signal.SIGKILL)
         first.wait(30)
     finally:
         if first.poll() is None:
-            first.kill()
+            os.killpg(first.pid, signal.SIGKILL)
         log1.close()
     at_kill = states(study_files)
     second = subprocess.run(suite_tune(study_files["path"]), capture_output=True, text=True, timeout=600)
