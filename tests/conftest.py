@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["slurm_fixture"]  # the `slurm_cluster` fixture (tests/ is on sys.path: no __init__.py)
+# the `slurm_cluster` fixture, and xdist groups of tests sharing a costly fixture
+# (tests/ is on sys.path: no __init__.py)
+pytest_plugins = ["slurm_fixture", "xdist_groups"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -131,6 +133,15 @@ def mlflow_server_uri(mlflow_server: MlflowServer) -> str:
     """`http://127.0.0.1:PORT` of a real MLflow tracking server (sqlite store), shared by
     the whole session."""
     return mlflow_server.uri
+
+
+@pytest.fixture(scope="session")
+def warmstart_cache(tmp_path_factory, worker_id) -> Path:
+    """The session's warm-start cache, one for all of pytest-xdist's workers: the suite locks
+    each cache entry, so a worker that needs a warm start another one is training waits for it
+    and reads it instead of training it again."""
+    base = tmp_path_factory.getbasetemp()
+    return (base if worker_id == "master" else base.parent) / "warmstart-cache"
 
 
 @pytest.fixture

@@ -35,18 +35,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "slurm: uses the real dev SLURM cluster (`slurm_cluster` fixture; root, Debian 12)"
     )
-    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist runs the group on one worker")
-    # pytest-xdist (`-n 2`): its default `load` schedule, plus the groups below, is `loadgroup`
-    if getattr(config.option, "dist", None) == "load":
-        config.option.dist = "loadgroup"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist every test that uses the cluster runs on one worker: the cluster is a
-    session fixture, and a second one would cost its start-up again (and its daemons' CPU)."""
-    for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @dataclass

@@ -132,9 +132,8 @@ def test_kill_at_every_phase_loses_and_duplicates_nothing(tmp_path):
 
 
 @pytest.mark.slow  # ~15 s quiet: real runs killed and resumed
-def test_a_corrupt_metrics_line_is_refused_unless_asked(tmp_path):
-    over = _overrides(tmp_path / "a", tmp_path.parent / "warmstart-cache") + ["steps=2", "ckpt_every=2",
-                                                                                "eval_every=2"]
+def test_a_corrupt_metrics_line_is_refused_unless_asked(tmp_path, warmstart_cache):
+    over = _overrides(tmp_path / "a", warmstart_cache) + ["steps=2", "ckpt_every=2", "eval_every=2"]
     cfg = compose_config(over)
     run_dir = os.path.join(cfg.out_dir, run_id(cfg))
     proc = _start(over)

@@ -79,7 +79,7 @@ def tiny_cfg(tmp_path, *extra, uri=None):
         TINY
         + [
             f"out_dir={tmp_path / 'runs'}",
-            f"warm_start.cache_dir={tmp_path.parent / 'warmstart-cache'}",
+            f"warm_start.cache_dir={os.environ['SUITE_TEST_WARMSTART_CACHE']}",
             f"tracking.tracking_uri={uri or 'sqlite:///' + str(tmp_path / 'mlflow.db')}",
         ]
         + list(extra)
@@ -310,7 +310,7 @@ def _suite(args, **kw):
 def _cli_overrides(tmp_path, *extra, uri=None):
     return TINY + [
         f"out_dir={tmp_path / 'runs'}",
-        f"warm_start.cache_dir={tmp_path.parent / 'warmstart-cache'}",
+        f"warm_start.cache_dir={os.environ['SUITE_TEST_WARMSTART_CACHE']}",
         f"tracking.tracking_uri={uri or 'sqlite:///' + str(tmp_path / 'mlflow.db')}",
         *extra,
     ]
