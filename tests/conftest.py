@@ -136,12 +136,13 @@ def mlflow_server_uri(mlflow_server: MlflowServer) -> str:
 
 
 @pytest.fixture(scope="session")
-def warmstart_cache(tmp_path_factory, worker_id) -> Path:
+def warmstart_cache(tmp_path_factory) -> Path:
     """The session's warm-start cache, one for all of pytest-xdist's workers: the suite locks
     each cache entry, so a worker that needs a warm start another one is training waits for it
-    and reads it instead of training it again."""
+    and reads it instead of training it again. (A worker's base temp is a folder of the
+    session's; without xdist, or with `-p no:xdist`, the session's own.)"""
     base = tmp_path_factory.getbasetemp()
-    return (base if worker_id == "master" else base.parent) / "warmstart-cache"
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "warmstart-cache"
 
 
 @pytest.fixture
