@@ -43,33 +43,37 @@ def _hydra_compose(overrides: list[str]) -> DictConfig:
 # Hydra's result per tuple of group overrides; the ConfigStore never changes in a process.
 _BASE_CACHE: dict[tuple[str, ...], bytes] = {}
 _PARSED: dict = {}  # override line -> hydra Override
+_PARSER: list = []  # Hydra's override parser, made on first use
+
+
+def parse_override(line: str):
+    """Hydra's parse of one override line (its Override), each distinct line parsed once per
+    process: the cells of a sweep share most lines, and Override objects are read-only for
+    Hydra's apply step. Raises Hydra's parse error."""
+    o = _PARSED.get(line)
+    if o is None:
+        if not _PARSER:
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            _PARSER.append(OverridesParser.create())
+        o = _PARSED[line] = _PARSER[0].parse_overrides([line])[0]
+    return o
 
 
 class CellComposer:
     """Compose configs like `compose_config`, caching Hydra's work per set of group choices."""
 
     def __init__(self) -> None:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        self._parser = OverridesParser.create()
         from suite.hydra_compat import config_groups
 
         self._groups = set(config_groups())
         self._base = _BASE_CACHE  # shared: the ConfigStore is fixed for the process
         self.hydra_composes = 0  # how many full Hydra composes ran (for the benchmark)
 
-    def _parse(self, line: str):
-        # Cells of a sweep share most lines: parse each distinct line once (Override objects
-        # are read-only for Hydra's apply step).
-        o = _PARSED.get(line)
-        if o is None:
-            o = _PARSED[line] = self._parser.parse_overrides([line])[0]
-        return o
-
     def compose(self, overrides: list[str] | tuple[str, ...]) -> DictConfig:
         overrides = list(overrides)
         try:
-            parsed = [self._parse(line) for line in overrides]
+            parsed = [parse_override(line) for line in overrides]
         except Exception:  # noqa: BLE001 - let compose_config raise Hydra's own message
             return compose_config(overrides)
         group_lines: list[str] = []

@@ -327,22 +327,14 @@ class VerlConfigComposer:
     """
 
     def __init__(self) -> None:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
         self.base = compose_verl_config([])
-        self._parser = OverridesParser.create()
-        self._parsed: dict = {}  # override line -> Hydra Override; cells share most of their lines
 
     def compose(self, overrides: list[str]) -> DictConfig:
         import copy
 
-        from suite.sweep.compose import apply_value_overrides
+        from suite.sweep.compose import apply_value_overrides, parse_override
 
-        parsed = []
-        for line in overrides:
-            if line not in self._parsed:
-                self._parsed[line] = self._parser.parse_overrides([line])[0]
-            parsed.append(self._parsed[line])
+        parsed = [parse_override(line) for line in overrides]  # each distinct line parsed once
         cfg = copy.deepcopy(self.base)
         if any(o.is_delete() or o.is_sweep_override() for o in parsed) or not apply_value_overrides(cfg, parsed):
             return compose_verl_config(overrides)
