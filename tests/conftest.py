@@ -19,6 +19,29 @@ import pytest
 pytest_plugins = ["slurm_fixture", "xdist_groups"]
 
 
+_PREBUILD = pytest.StashKey[subprocess.Popen]()
+
+
+def pytest_sessionstart(session):
+    """Build the engine's C++ extensions beside the tests (the controller only; a plain session
+    too). In a fresh environment the build takes a core for ~75 s; the first test that needs
+    an extension would otherwise pay for it in line, and every process that wants it meanwhile
+    waits on torch's build lock. Built already, the process only loads them (~4 s)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or session.config.option.collectonly:
+        return
+    session.config.stash[_PREBUILD] = subprocess.Popen(
+        [sys.executable, "-m", "suite.embedded.prebuild"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a Ctrl-C of pytest does not interrupt it: a killed build would leave its lock behind
+    )
+
+
+def pytest_sessionfinish(session):
+    proc = session.config.stash.get(_PREBUILD, None)
+    if proc is not None and proc.poll() is None:
+        print("\nwaiting for the C++ extensions' build (python -m suite.embedded.prebuild) to finish", flush=True)
+        proc.wait()
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """In-process tensor work on one intra-op thread: tiny models run fastest that way, and on

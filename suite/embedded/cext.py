@@ -41,3 +41,9 @@ def build(name: str, source: str, *, python_module: bool, what: str):
             warnings.warn(f"suite.embedded: the C++ extension {name} did not build ({_failed[name]}); {what}",
                           stacklevel=3)
     return _built.get(name)
+
+
+
+def failure(name: str) -> str | None:
+    """Why extension ``name`` did not build in this process; None if it did or was not tried."""
+    return _failed.get(name)

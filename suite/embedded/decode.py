@@ -24,6 +24,15 @@ from suite.embedded.model import Block, KVCache, RMSNorm, Transformer
 from suite.embedded.qlinear import bf16_matmul_emulated
 
 
+def native_extension():
+    """The C++ layer loop's module (built on the first call: tens of seconds), or None where it
+    cannot be built."""
+    from suite.embedded import cext
+
+    return cext.build("suite_decode_layers", "decode_layers.cpp", python_module=True,
+                      what="the engine's decode step runs its Python layer loop (same numbers, slower)")
+
+
 class Decoder:
     """One decode step of ``model`` (the engine's copy, computing in ``dtype``)."""
 
@@ -140,10 +149,7 @@ class NativeLayers:
         if len({(layer.n_heads, layer.scale, layer.full_att, layer.emu_att, layer.attn_norm.f32)
                 for layer in layers}) != 1:
             return None
-        from suite.embedded import cext
-
-        ext = cext.build("suite_decode_layers", "decode_layers.cpp", python_module=True,
-                         what="the engine's decode step runs its Python layer loop (same numbers, slower)")
+        ext = native_extension()
         return cls(ext, layers, int8) if ext is not None else None
 
     def applies(self) -> bool:

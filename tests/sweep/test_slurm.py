@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 import checkpoint_barrier
 from _sweep_helpers import TINY, child_env, write_sweep
+from suite.tracking.rundir import recorded_mlflow_run_id
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SUITE = [sys.executable, "-m", "suite.cli"]
@@ -121,7 +122,7 @@ def test_cancelled_sweep_ends_cleanly(slurm_cluster, tmp_path, sweep_env):
     ids = [j["job_id"] for j in _jobs(state)]
     # two run (array throttle %2), one waits
     _wait(lambda: sum(slurm_cluster.sacct_state(j).startswith("RUNNING") for j in ids) >= 1
-          and list(runs.glob("grpo-*/mlflow_run.json")), 180, "a cell running with its MLflow run")
+          and any(recorded_mlflow_run_id(d) for d in runs.glob("grpo-*")), 180, "a cell running with its MLflow run")
     c = _suite("cancel", str(path), cwd=tmp_path)
     assert c.returncode == 0, c.stdout + c.stderr
     assert c.stdout.count("cancelled cell") == 3

@@ -13,6 +13,8 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
+from suite.tracking.rundir import recorded_mlflow_run_id
+
 from _sweep_helpers import TINY, child_env, write_sweep
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -30,7 +32,8 @@ def test_sigterm_to_a_waiting_slurm_driver_cancels_its_array(slurm_cluster, tmp_
     state = runs / "_sweeps" / "st"
     try:
         deadline = time.monotonic() + 300
-        while not list(runs.glob("grpo-*/mlflow_run.json")):  # a cell running with its MLflow run
+        # a cell running with its MLflow run made (mlflow_run.json is written before the run exists)
+        while not any(recorded_mlflow_run_id(d) for d in runs.glob("grpo-*")):
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline, "no cell started"
             time.sleep(0.5)
