@@ -28,7 +28,7 @@ def build(name: str, source: str, *, python_module: bool, what: str):
 
             root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
             if not glob.glob(os.path.join(root, "*", name, "*.so")) + glob.glob(os.path.join(root, name, "*.so")):
-                print(f"suite: building the C++ extension {name} into {root} (once per machine, ~30-60 s)",
+                print(f"suite: building the C++ extension {name} into {root} (once per Python environment, ~30-75 s)",
                       file=sys.stderr, flush=True)
             # -fopenmp: at::parallel_for is a header template whose OpenMP pragma is ignored (one
             # thread) in code compiled without it

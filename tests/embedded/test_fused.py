@@ -8,6 +8,8 @@ NaN would fail too)."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -33,6 +35,15 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 def test_the_extension_builds_where_a_compiler_exists():
     assert fused.available()
+
+
+def test_prebuild_builds_every_extension_and_says_so():
+    """`python -m suite.embedded.prebuild` (what the test session starts in the background, and
+    what a cluster runs before a sweep) builds or loads both extensions and names each."""
+    out = subprocess.run([sys.executable, "-m", "suite.embedded.prebuild"], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines() == ["suite_int8_linear: built", "suite_decode_layers: built"], out.stdout
 
 
 def _rows(dtype: torch.dtype) -> torch.Tensor:
