@@ -1,4 +1,4 @@
-"""The engine's C++ extensions (``csrc/``), each built once per machine on first use.
+"""The engine's C++ extensions (``csrc/``), each built once per Python environment on first use.
 
 The build goes into torch's extension cache (``TORCH_EXTENSIONS_DIR``, default
 ~/.cache/torch_extensions), without ``-march=native``, so a build shared between nodes of a
