@@ -67,9 +67,10 @@ def _data(tmp_path):
     return paths, task
 
 
-def run_verl(tmp_path, reward: str, *overrides: str, precision: str = PRECISION):
+def run_verl(tmp_path, reward: str, *overrides: str, precision: str = PRECISION, steps: int = 2):
     """`suite run backend=verl backend.device=cpu` of the tiny model on the arith parquet, scored by
-    ``reward`` (a python file's text), with ``overrides`` last; (the process, its MLflow store)."""
+    ``reward`` (a python file's text), for ``steps`` RL steps, with ``overrides`` last; (the process,
+    its MLflow store)."""
     model = save_hf(tiny_model(0), tmp_path / "model")  # its chat template writes the content alone
     paths, task = _data(tmp_path)
     (tmp_path / "reward.py").write_text(reward)
@@ -81,7 +82,7 @@ def run_verl(tmp_path, reward: str, *overrides: str, precision: str = PRECISION)
         f"backend.max_prompt_length={task.max_prompt_chars + 2}", "backend.micro_batch_size_per_gpu=4",
         "backend.max_num_batched_tokens=512", f"quant={precision}", "correction=acr",
         "rollout.prompts_per_step=4", "algo.group_size=2", "rollout.max_new_tokens=8", "train.minibatches=1",
-        "steps=2", "eval_every=2", "ckpt_every=100", "uaq.s=1.0", f"out_dir={tmp_path / 'runs'}",
+        f"steps={steps}", "eval_every=2", "ckpt_every=100", "uaq.s=1.0", f"out_dir={tmp_path / 'runs'}",
         f"tracking.tracking_uri={uri}", *overrides,
     ]
     proc = subprocess.run([sys.executable, "-c",
