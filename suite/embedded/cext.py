@@ -43,7 +43,6 @@ def build(name: str, source: str, *, python_module: bool, what: str):
     return _built.get(name)
 
 
-
 def failure(name: str) -> str | None:
     """Why extension ``name`` did not build in this process; None if it did or was not tried."""
     return _failed.get(name)

@@ -13,9 +13,8 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from suite.tracking.rundir import recorded_mlflow_run_id
-
 from _sweep_helpers import TINY, child_env, write_sweep
+from suite.tracking.rundir import recorded_mlflow_run_id
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SUITE = [sys.executable, "-m", "suite.cli"]
