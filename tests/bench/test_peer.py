@@ -47,8 +47,12 @@ def test_peer_json_rows(tmp_path, capsys):
     assert (r["model"], r["batch"], r["new_tokens"], r["dtype"]) == ("tiny", 2, 4, "fp32")
     assert r["tokens_match"] == 1.0 and r["logits_max_abs_diff"] < 1e-3
     assert r["ratio_vs_hf"] == pytest.approx(r["ours_tokens_per_s"] / r["hf_tokens_per_s"], rel=1e-12)
-    # the bound (a free rest of our call) is above the ratio reached: our GEMMs are part of our call
-    assert math.isfinite(r["ratio_bound"]) and r["ratio_bound"] > r["ratio_vs_hf"]
+    # the bound is HF's median call over our GEMMs' seconds in the profiled call. It is not compared
+    # with ratio_vs_hf: the two come from different calls, and on this row (milliseconds, one round)
+    # the timed call can beat the profiled GEMMs (CI 2026-12-03: bound 3.74x, ratio 4.31x)
+    hf_s = r["batch"] * r["new_tokens"] / r["hf_tokens_per_s"]
+    assert 0 < r["ours_gemm_share"] <= 1 and r["ours_gemm_s"] > 0
+    assert r["ratio_bound"] == pytest.approx(hf_s / r["ours_gemm_s"], rel=1e-9)
 
 
 def test_grouped_prompts_decode_as_hf_does_and_a_group_that_does_not_divide_the_batch_is_refused(tmp_path, capsys):
