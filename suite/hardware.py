@@ -107,6 +107,37 @@ def cpu_features() -> CpuFeatures:
     )
 
 
+# Linux x86-64: a process must be granted the AMX tile state (XTILEDATA) before its first AMX
+# instruction, or that instruction raises SIGILL (arch_prctl(2); Documentation/arch/x86/xstate.rst).
+_SYS_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1022, 18
+
+
+def amx_tiles_permitted() -> bool | None:
+    """Whether this process may execute AMX tile instructions (``ARCH_GET_XCOMP_PERM``); None
+    where that cannot be asked (not Linux on x86-64, or a kernel without the call)."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    mask = ctypes.c_uint64(0)
+    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, ctypes.byref(mask)) != 0:
+        return None
+    return bool(mask.value >> _XFEATURE_XTILEDATA & 1)
+
+
+def request_amx_tiles() -> bool:
+    """Ask for this process's AMX tile permission (torch's own request, the one oneDNN makes
+    before its AMX kernels); whether it is granted: False on a CPU without AMX. Kernels that
+    use AMX without asking, as vLLM 0.31.0's CPU INT8 GEMM does (docs/verl.md, "AMX tile
+    permission"), work only in a process where something asked first."""
+    import torch
+
+    init = getattr(torch._C._cpu, "_init_amx", None)
+    return bool(init()) if init is not None else False
+
+
 def _cuda() -> bool:
     import torch
 

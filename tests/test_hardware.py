@@ -219,3 +219,18 @@ def test_the_same_config_on_an_avx2_machine_agrees_within_the_documented_toleran
         assert fp32_gap <= 1e-5, (key, fp32_gap)
         bf16_gap = (here[f"trainer-bf16-{key}-{k}"] - avx2[f"trainer-bf16-{key}-{k}"]).abs().max().item()
         assert bf16_gap <= 2e-2, (key, bf16_gap)
+
+
+def test_the_verl_worker_extension_asks_for_amx_tiles_when_vllm_imports_it():
+    """vLLM 0.31.0's CPU INT8 GEMM (sgl-kernel, on AMX CPUs) runs AMX tile instructions without
+    asking Linux for the tile state, so a fresh vLLM worker died with SIGILL at its first INT8
+    linear in about half the runs (a verl GRPO run on an AMX Xeon, 2 of 3; docs/verl.md, "AMX tile permission"). vLLM
+    imports the worker extension in each worker before it loads the model, so that import asks.
+    In a fresh process: no permission before, and after it exactly where the CPU has AMX."""
+    code = ("from suite import hardware as h; before = h.amx_tiles_permitted(); import suite.verl.int8_hook; "
+            "import torch; print(before, h.amx_tiles_permitted(), bool(torch.cpu._is_amx_tile_supported()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after, amx = out.stdout.split()
+    assert before == "False"  # torch and the suite ask for nothing at import
+    assert after == amx, out.stdout

@@ -50,8 +50,13 @@ def main() -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the bench models need a few MB
     if args.threads:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{args.threads - 1}")
+    import torch
     import vllm
     from vllm import LLM, SamplingParams
+
+    # vLLM's AMX INT8 GEMM does not ask Linux for the AMX tile state it uses (SIGILL otherwise):
+    # ask for it (suite.hardware.request_amx_tiles; this file imports nothing from the suite)
+    getattr(torch._C._cpu, "_init_amx", lambda: False)()
     from vllm.inputs import TokensPrompt
 
     with open(args.prompts) as fh:

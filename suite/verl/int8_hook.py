@@ -49,9 +49,16 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from suite.core.quant import QuantScheme, fake_quant, quantize_fp8, quantize_int8_per_channel
+from suite.hardware import request_amx_tiles
 from suite.verl.rollout_quant import ROLLOUTS_BY_NAME, VerlRollout
 
 log = logging.getLogger(__name__)
+
+# vLLM imports this module in each of its worker processes (``worker_extension_cls``) before it
+# loads the model. On an AMX CPU vLLM's INT8 GEMM (sgl-kernel) runs AMX tile instructions without
+# asking Linux for them, so a fresh worker died with SIGILL at its first INT8 linear unless some
+# oneDNN AMX kernel had asked first (docs/verl.md, "AMX tile permission"): ask here, for it.
+request_amx_tiles()
 
 # Block linear layers the rollout quantizes (Llama / Qwen2 names); embeddings, norms and
 # lm_head stay in 16 bit (the compressed-tensors config lists lm_head under `ignore`).

@@ -123,3 +123,43 @@ def test_gpu_only_fold_is_guarded_and_skipped_on_cpu():
     if not torch.cuda.is_available():
         with pytest.raises(NoGPUError, match="CUDA graphs valid and needs a CUDA GPU"):
             fold_into_live(layer, live)
+
+
+WORKER_SCRIPT = '''
+import json, sys
+sys.path.insert(0, sys.argv[3])
+from vllm_tiny import engine, rollout_logprobs
+
+if __name__ == "__main__":
+    llm = engine(sys.argv[1], "bfloat16", worker_extension_cls="suite.verl.int8_hook.QuantizedWeightSyncExtension")
+    print("@@" + json.dumps(rollout_logprobs(llm, json.loads(sys.argv[2]))), flush=True)
+'''
+
+
+def test_int8_in_a_fresh_worker_process_as_verl_runs_it(tmp_path):
+    """verl's vLLM engines run the model in a worker process of their own (vLLM's multiprocessing
+    executor), where nothing has run before it. On an AMX Xeon vLLM's INT8 GEMM (sgl-kernel) uses
+    AMX tiles without asking Linux for them, and such a worker died with SIGILL at its first INT8
+    linear (exit code -4) in about half the runs (which kernel ran first varies: 2 of 4 for this engine
+    with the extension but without its request, 5 of 8 in all; a verl GRPO run, 2 of 3) until the
+    worker extension asked at import (suite.hardware.request_amx_tiles; docs/verl.md, "AMX tile
+    permission"; tests/test_hardware.py checks the request itself, deterministically). Its rollouts
+    equal those of an engine in this process, where torch's own AMX kernels had asked long before."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ck = checkpoints(tmp_path, 0)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_SCRIPT)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # engine core and worker: processes of their own
+    proc = subprocess.run([sys.executable, str(script), str(ck["int8"]), json.dumps(PROMPTS),
+                           str(Path(__file__).parent)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    got = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("@@"))[2:])
+    llm = engine(ck["int8"], "bfloat16")
+    want = rollout_logprobs(llm, PROMPTS)
+    del llm
+    assert [tuple(map(list, r)) for r in got] == [tuple(map(list, r)) for r in want]
