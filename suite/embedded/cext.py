@@ -2,18 +2,24 @@
 
 The build goes into torch's extension cache (``TORCH_EXTENSIONS_DIR``, default
 ~/.cache/torch_extensions), without ``-march=native``, so a build shared between nodes of a
-cluster runs on each of them. No compiler, or a failed build: :func:`build` warns once and
-returns None, and the caller runs its Python path (the same numbers, slower).
+cluster runs on each of them. Each build is named by a digest of its source and flags: two
+checkouts of different versions on one machine (or one home directory) share that cache, and
+under one name each would rebuild the other's source in turn, so a process could load the other
+version's library (measured: a test run beside a CI run of the previous commit loaded the
+previous decode loop). No compiler, or a failed build: :func:`build` warns once and returns None,
+and the caller runs its Python path (the same numbers, slower).
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import sys
 import warnings
 
 CSRC = os.path.join(os.path.dirname(__file__), "csrc")
+CFLAGS = ("-O3", "-ffp-contract=off", "-fopenmp")
 _built: dict[str, object] = {}  # name -> the loaded module (True for a library of torch.ops)
 _failed: dict[str, str] = {}  # name -> why its build failed
 
@@ -27,13 +33,15 @@ def build(name: str, source: str, *, python_module: bool, what: str):
             from torch.utils.cpp_extension import get_default_build_root, load
 
             root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
-            if not glob.glob(os.path.join(root, "*", name, "*.so")) + glob.glob(os.path.join(root, name, "*.so")):
-                print(f"suite: building the C++ extension {name} into {root} (once per Python environment, ~30-75 s)",
-                      file=sys.stderr, flush=True)
+            path = os.path.join(CSRC, source)
+            disk_name = build_name(name, path)
+            if not glob.glob(os.path.join(root, "*", disk_name, "*.so")) + glob.glob(os.path.join(root, disk_name,
+                                                                                                 "*.so")):
+                print(f"suite: building the C++ extension {disk_name} into {root} (once per Python environment and "
+                      "source version, ~30-75 s)", file=sys.stderr, flush=True)
             # -fopenmp: at::parallel_for is a header template whose OpenMP pragma is ignored (one
             # thread) in code compiled without it
-            mod = load(name=name, sources=[os.path.join(CSRC, source)],
-                       extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], extra_ldflags=["-fopenmp"],
+            mod = load(name=disk_name, sources=[path], extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
                        is_python_module=python_module, verbose=False)
             _built[name] = mod if python_module else True
         except Exception as exc:  # no compiler / ninja / headers: the caller's Python path, same numbers
@@ -41,6 +49,14 @@ def build(name: str, source: str, *, python_module: bool, what: str):
             warnings.warn(f"suite.embedded: the C++ extension {name} did not build ({_failed[name]}); {what}",
                           stacklevel=3)
     return _built.get(name)
+
+
+def build_name(name: str, path: str) -> str:
+    """The name extension ``name`` is built and cached under: ``name`` and a digest of the source
+    file at ``path`` and the compiler flags, so different sources never share a build."""
+    with open(path, "rb") as fh:
+        digest = hashlib.sha256(fh.read() + " ".join(CFLAGS).encode()).hexdigest()[:12]
+    return f"{name}_{digest}"
 
 
 def failure(name: str) -> str | None:

@@ -117,19 +117,32 @@ class NativeLayers:
     """The layer loop of a decode step as one call into C++ (csrc/decode_layers.cpp): the same
     aten (and fused W8A8) calls with the same arguments as :class:`DecodeLayer`, so the same
     bits, without the Python around them (a few microseconds per call at decode batch sizes).
+    W8A8 linears that read one input run as one integer GEMM (q|k|v and gate|up:
+    qlinear.share_operands), whose exact sums are each linear's: the same bits again.
     It applies where the block linears are all plain bias-free ``nn.Linear`` (fp32, bf16) or
     all fused W8A8 ``Int8Linear`` (int8 on CPU), with the float32, the native 16-bit or the
     emulated bf16 attention; the other engines (emulated bf16 linears, fp8, w4a16's dequantizing
     linears where not plain) keep the Python loop. :func:`set_native_loop` switches it off (benchmarks)."""
 
     def __init__(self, ext, layers: list[DecodeLayer], int8: bool):
+        from suite.embedded.qlinear import share_operands
+
         self.ext, self.int8 = ext, int8
-        self.weights = []
+        self.weights = []  # None: the int8 linears of a group cannot share one GEMM (build: no C++ loop)
         for layer in layers:
             self.weights += [layer.attn_norm.norm.weight, layer.attn_norm.n, layer.attn_norm.eps,
                              layer.mlp_norm.norm.weight, layer.mlp_norm.n, layer.mlp_norm.eps]
-            for m in layer.modules:
-                self.weights += [m.gemm_weight(), m.scale] if int8 else [m.weight.t()]  # a sync writes through
+            if not int8:
+                self.weights += [m.weight.t() for m in layer.modules]  # a sync writes through
+                continue
+            # int8: one GEMM per input (q|k|v, wo, gate|up, w_down), on views a sync writes through
+            wq, wk, wv, wo, w_gate, w_up, w_down = layer.modules
+            for group in ((wq, wk, wv), (wo,), (w_gate, w_up), (w_down,)):
+                shared = share_operands(list(group)) if len(group) > 1 else (group[0].gemm_weight(), group[0].scale)
+                if shared is None:
+                    self.weights = None
+                    return
+                self.weights += list(shared)
         self.int8_mods = [m for layer in layers for m in layer.modules] if int8 else []
         first = layers[0]
         self.args = (first.swap, first.n_heads, first.scale, first.scale_exact, first.full_att, first.emu_att,
@@ -150,7 +163,8 @@ class NativeLayers:
                 for layer in layers}) != 1:
             return None
         ext = native_extension()
-        return cls(ext, layers, int8) if ext is not None else None
+        native = cls(ext, layers, int8) if ext is not None else None
+        return native if native is not None and native.weights is not None else None
 
     def applies(self) -> bool:
         """False while the int8 linears are switched off their fused path (qlinear.set_int8_fused)."""

@@ -181,6 +181,35 @@ class Int8Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)  # [..., N]
 
 
+EXACT_FLOAT32_K = 1040  # the largest K whose float32 sums of int8 products are exact (module doc)
+
+
+def share_operands(mods: list[Int8Linear]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One GEMM for linears that read the same input (q, k, v; gate, up): their codes, scales and
+    packed weights become row views of one buffer each, so a weight sync, which writes every
+    linear's buffers in place, fills the group's; returns the group's weight operand for
+    ``fused.mm_rescale`` and its scales [1, sum N]. Integer sums are exact in any order, so the
+    group's outputs, split by columns, are each linear's bit for bit. None where that does not
+    hold or the layouts do not join: float32 emulation beyond K = 1040 (rounded sums, in an order
+    that may depend on N), packed blocks of 8 columns that would straddle two linears."""
+    gemm, k = mods[0].gemm, mods[0].in_features
+    if any(m.gemm != gemm or m.in_features != k for m in mods) or (gemm == "float32" and k > EXACT_FLOAT32_K):
+        return None
+    if gemm == "packed" and any(m.out_features % 8 for m in mods):
+        return None
+    codes = torch.cat([m.codes for m in mods])  # [sum N, K]
+    scale = torch.cat([m.scale for m in mods], 1)  # [1, sum N]
+    packed = torch.cat([m.packed for m in mods]) if gemm == "packed" else None  # [sum N / 8, KP, 16]
+    n0 = 0
+    for m in mods:
+        n1 = n0 + m.out_features
+        m.codes, m.scale = codes[n0:n1], scale[:, n0:n1]
+        if packed is not None:
+            m.packed = packed[n0 // 8 : n1 // 8]
+        n0 = n1
+    return (packed if packed is not None else codes.t()), scale
+
+
 class Fp8Linear(nn.Module):
     """W8A8-FP8 linear (QuRL FP8 rollout): E4M3 weights, per-token dynamic E4M3 activations.
 

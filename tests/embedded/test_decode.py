@@ -50,6 +50,10 @@ def test_decode_step_equals_the_general_forward(precision, d_model, kernels, loo
         set_native_loop(e, False)
     elif e.decoder.native is None:
         pytest.skip(f"the C++ layer loop does not apply to {precision} / {kernels} engines here")
+    _assert_decode_equals_general(e, m)
+
+
+def _assert_decode_equals_general(e: RolloutEngine, m: Transformer) -> None:
     tokens, mask = left_padded(rand_prompts([3, 7, 5, 1, 6]))
     B, P, R = tokens.shape[0], tokens.shape[1], 6
     g = torch.Generator().manual_seed(3)
@@ -71,6 +75,45 @@ def test_decode_step_equals_the_general_forward(precision, d_model, kernels, loo
     assert torch.equal(fast.k[:, :, :, :n], general.k[:, :, :, :n])
     assert torch.equal(fast.v[:, :, :, :n], general.v[:, :, :, :n])
     assert torch.equal(fast.key_valid, general.key_valid) and torch.equal(fast.n_valid, general.n_valid)
+
+
+@pytest.mark.parametrize("gemm", ["int_mm", "packed"])
+def test_int8_linears_of_one_input_share_one_gemm_in_the_cpp_loop_and_a_sync_fills_it(gemm):
+    """The C++ loop runs q|k|v and gate|up as one integer GEMM each (qlinear.share_operands): the
+    linears' codes, scales and packed weights become views of one buffer, which a weight sync
+    fills in place. The decode step still gives the general forward's bits (which runs each
+    linear alone), before and after a sync to other weights; with 8-column packed blocks that
+    would straddle two linears (d_ff 172) the engine keeps the Python loop."""
+    if not fused.available():
+        pytest.skip("no fused W8A8 extension here")
+    from suite.embedded.qlinear import Int8Linear
+
+    if gemm == "int_mm" and not cpu_features().int8_native:
+        pytest.skip("torch._int_mm is not exact on this CPU (no VNNI / AMX): runs use the packed kernel")
+    m = _model(96)
+    e = RolloutEngine(m, QuantScheme("int8"))
+    e.set_int8_gemm(gemm)
+    if e.decoder.native is None:
+        pytest.skip("int8 runs the Python layer loop here (no native bf16 attention)")
+    block = e.model.layers[0]
+    a, mlp = block.attn, block.mlp
+    assert a.wq.codes.data_ptr() + a.wq.codes.numel() == a.wk.codes.data_ptr()  # rows of one buffer
+    assert mlp.w_gate.scale.data_ptr() + 4 * mlp.w_gate.scale.numel() == mlp.w_up.scale.data_ptr()
+    _assert_decode_equals_general(e, m)
+    other = _model(96)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(-0.5)
+    e.sync(other)
+    assert isinstance(a.wq, Int8Linear) and a.wq.codes.data_ptr() + a.wq.codes.numel() == a.wk.codes.data_ptr()
+    _assert_decode_equals_general(e, other)
+
+    torch.manual_seed(0)
+    odd = Transformer(ModelConfig(vocab_size=VOCAB, **{**PRESETS["tiny"], "d_model": 96, "d_ff": 172}))
+    e = RolloutEngine(odd, QuantScheme("int8"))
+    e.set_int8_gemm(gemm)
+    assert (e.decoder.native is None) == (gemm == "packed")
+    _assert_decode_equals_general(e, odd)
 
 
 def test_the_cpp_layer_loop_runs_where_it_applies():

@@ -46,6 +46,18 @@ def test_prebuild_builds_every_extension_and_says_so():
     assert out.stdout.splitlines() == ["suite_int8_linear: built", "suite_decode_layers: built"], out.stdout
 
 
+def test_a_changed_source_is_built_under_another_name(tmp_path):
+    """Builds are cached per source version (cext.build_name), so two checkouts of different
+    versions on one machine never load each other's library."""
+    from suite.embedded import cext
+
+    a, b = tmp_path / "a.cpp", tmp_path / "b.cpp"
+    a.write_text("int f() { return 1; }\n")
+    b.write_text("int f() { return 2; }\n")
+    assert cext.build_name("x", str(a)) == cext.build_name("x", str(a)) != cext.build_name("x", str(b))
+    assert cext.build_name("x", str(a)).startswith("x_")
+
+
 def _rows(dtype: torch.dtype) -> torch.Tensor:
     """Rows that exercise every branch: round-half ties, an all-zero row, subnormal scales,
     values near the float32 maximum, a row whose amax is negative, and K not a multiple of any

@@ -3,7 +3,9 @@
 // Not new arithmetic: every line below is the aten call the Python DecodeLayer makes, with the
 // same arguments in the same order (at::mm_out for mm(..., out=), at::baddbmm for baddbmm,
 // Tensor * double for `tensor * float`, ...), so every kernel, and so every bit, is the same
-// (tests/embedded/test_decode.py runs both). What goes away is the Python around ~40 aten
+// (tests/embedded/test_decode.py runs both). One exception, the same bits too: the W8A8 linears that
+// read one input (q|k|v, gate|up) run as one integer GEMM, whose exact sums are each linear's (below,
+// kNorms). What goes away is the Python around ~40 aten
 // calls and ~60 views per layer: argument parsing, tensor wrapping and the interpreter, a few
 // microseconds each at decode batch sizes, where one call computes little.
 // Covered: plain (bias-free) linears or the fused W8A8 ones (suite_fused::quant_rows and
@@ -38,9 +40,13 @@ Tensor rotate(const Tensor& qk, const Tensor& cos, const Tensor& sin, int64_t n_
 }
 
 // Per layer, `w` holds attn_norm (weight, n, eps), mlp_norm (weight, n, eps), then for each of
-// wq, wk, wv, wo, w_gate, w_up, w_down its transposed [K, N] weight view (plain), or its int8
-// codes' [K, N] view (or the packed weight of qlinear.Int8Linear.gemm_weight) and its float32 scales [1, N] (int8).
+// wq, wk, wv, wo, w_gate, w_up, w_down its transposed [K, N] weight view (plain), or (int8) for
+// each of q|k|v, wo, gate|up, w_down one GEMM operand (int8 codes' [K, N] view or the packed
+// weight: qlinear.share_operands / Int8Linear.gemm_weight) and its float32 scales [1, N]: the
+// linears that read one input share one integer GEMM, whose exact sums, split by columns, are
+// each linear's, so the same bits as the Python loop's separate calls.
 constexpr size_t kNorms = 6;
+enum Int8Gemm { kQKV = 0, kO = 1, kGateUp = 2, kDown = 3 };
 
 // The fused W8A8 ops of the suite_fused library (csrc/int8_linear.cpp, loaded by Python first).
 struct Int8Ops {
@@ -69,7 +75,7 @@ std::tuple<Tensor, Tensor> layers(Tensor x, const std::vector<Tensor>& w, const 
                                   const Tensor& q_out, const Tensor& k_out, const Tensor& p, const Tensor& swap,
                                   int64_t n_heads, double scale, bool scale_exact, bool full_att, bool emu_att,
                                   bool f32, bool int8) {
-  const size_t L = kv.size() / 2, per_layer = kNorms + (int8 ? 14 : 7);
+  const size_t L = kv.size() / 2, per_layer = kNorms + (int8 ? 8 : 7);
   TORCH_CHECK(w.size() == L * per_layer, "decode_layers: ", w.size(), " weights for ", L, " layers");
   const int64_t B = x.size(0), D = x.size(1), hd = D / n_heads, S = s0 + 1;
   const Int8Ops* ops = int8 ? &Int8Ops::get() : nullptr;
@@ -81,10 +87,11 @@ std::tuple<Tensor, Tensor> layers(Tensor x, const std::vector<Tensor>& w, const 
     if (!finite) bad = a;
     return {a, codes, scales};
   };
-  // linear i (0 = wq .. 6 = w_down) of layer lw on the activation a: [M, N].
-  auto linear = [&](const Tensor* lw, int i, const Act& a) -> Tensor {
-    if (!int8) return at::mm(a.x, lw[kNorms + i]);
-    return ops->mm.call(a.codes, lw[kNorms + 2 * i], a.scales, lw[kNorms + 2 * i + 1], a.x.scalar_type());
+  // plain linear i (0 = wq .. 6 = w_down) of layer lw on the activation a: [M, N].
+  auto linear = [&](const Tensor* lw, int i, const Act& a) -> Tensor { return at::mm(a.x, lw[kNorms + i]); };
+  // int8 GEMM g (Int8Gemm) of layer lw on the quantized activation a: [M, N of the group].
+  auto gemm8 = [&](const Tensor* lw, Int8Gemm g, const Act& a) -> Tensor {
+    return ops->mm.call(a.codes, lw[kNorms + 2 * g], a.scales, lw[kNorms + 2 * g + 1], a.x.scalar_type());
   };
   for (size_t l = 0; l < L; ++l) {
     const Tensor* lw = w.data() + l * per_layer;
@@ -93,18 +100,21 @@ std::tuple<Tensor, Tensor> layers(Tensor x, const std::vector<Tensor>& w, const 
     Tensor h = norm(x, lw[0], lw[1], lw[2], f32);
     Act ha = act(h);
     if (bad.defined()) return {x, bad};
-    Tensor qk_in;
+    Tensor qk_in, v;
     if (int8) {
-      qk_in = at::stack({linear(lw, 0, ha), linear(lw, 1, ha)});  // decode.DecodeLayer.project
+      // [B, 3D] -> q and k as [2, B, D] (a copy, as the Python loop's stack), v a [B, D] view
+      Tensor qkv = gemm8(lw, kQKV, ha);
+      qk_in = qkv.narrow(1, 0, 2 * D).view({B, 2, D}).transpose(0, 1).contiguous();
+      v = qkv.narrow(1, 2 * D, D);
     } else {
       at::mm_out(const_cast<Tensor&>(q_out), h, lw[kNorms + 0]);
       at::mm_out(const_cast<Tensor&>(k_out), h, lw[kNorms + 1]);
       qk_in = qk_buf;
+      v = linear(lw, 2, ha);
     }
-    Tensor v = linear(lw, 2, ha);
     Tensor qk = rotate(qk_in, cos, sin, n_heads, swap);
     kc.select(1, s0).copy_(qk.select(0, 1).view({B * n_heads, hd}));
-    vc.select(1, s0).copy_(v.view({B * n_heads, hd}));
+    vc.select(1, s0).view({B, n_heads, hd}).copy_(v.view({B, n_heads, hd}));
     Tensor q = qk.select(0, 0).view({B * n_heads, 1, hd});
     Tensor y;
     if (full_att) {
@@ -124,16 +134,24 @@ std::tuple<Tensor, Tensor> layers(Tensor x, const std::vector<Tensor>& w, const 
     }
     Act ya = act(y.view({B, D}));
     if (bad.defined()) return {x, bad};
-    x.add_(linear(lw, 3, ya));
+    x.add_(int8 ? gemm8(lw, kO, ya) : linear(lw, 3, ya));
     Tensor h2 = norm(x, lw[3], lw[4], lw[5], f32);
     Act h2a = act(h2);
     if (bad.defined()) return {x, bad};
-    Tensor g = linear(lw, 4, h2a);
-    at::silu_(g);
-    g.mul_(linear(lw, 5, h2a));
+    Tensor g;
+    if (int8) {  // [B, 2F]: silu of the gate half into a fresh [B, F], times the up half
+      Tensor gu = gemm8(lw, kGateUp, h2a);
+      const int64_t F = gu.size(1) / 2;
+      g = at::silu(gu.narrow(1, 0, F));
+      g.mul_(gu.narrow(1, F, F));
+    } else {
+      g = linear(lw, 4, h2a);
+      at::silu_(g);
+      g.mul_(linear(lw, 5, h2a));
+    }
     Act ga = act(g);
     if (bad.defined()) return {x, bad};
-    x.add_(linear(lw, 6, ga));
+    x.add_(int8 ? gemm8(lw, kDown, ga) : linear(lw, 6, ga));
   }
   return {x, bad};
 }
