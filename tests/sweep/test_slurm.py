@@ -161,9 +161,13 @@ def test_preempted_run_requeues_and_resumes_from_its_checkpoint(slurm_cluster, t
     try:
         _wait(lambda: barrier.reached(2), 300, "the run at its step-2 checkpoint")
         # Preemption as submitit's own test helper (SlurmJob._interrupt, private) simulates it:
-        # SIGTERM, then the USR2 that submitit's handler answers with checkpoint() + requeue.
-        for sig in ("TERM", "USR2"):
-            slurm_cluster.run("scancel", "--signal", sig, jid)
+        # SIGTERM, then the USR2 that submitit's handler answers with checkpoint() + requeue. SLURM
+        # delivers each scancel's signal asynchronously, so USR2 waits until the TERM has landed:
+        # a TERM still on its way killed the `scontrol requeue` that USR2's handler had started
+        # (CI, 2026-12-04: "died with SIGTERM", the job never requeued).
+        slurm_cluster.run("scancel", "--signal", "TERM", jid)
+        _wait(lambda: "Bypassing signal SIGTERM" in log_path.read_text(), 60, "the job's SIGTERM handler")
+        slurm_cluster.run("scancel", "--signal", "USR2", jid)
         _wait(lambda: barrier.reached(4), 420, "the requeued run at its step-4 checkpoint")
         assert "resuming from step 2" in log_path.read_text()
         urgent = slurm_cluster.run("sbatch", "--parsable", "-p", "urgent", "-c", str(slurm_cluster.n_cpus),
