@@ -232,5 +232,7 @@ def test_the_verl_worker_extension_asks_for_amx_tiles_when_vllm_imports_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     before, after, amx = out.stdout.split()
+    if before == "None":
+        pytest.skip("this system cannot be asked for the AMX permission (Linux >= 5.16 on x86-64 can)")
     assert before == "False"  # torch and the suite ask for nothing at import
     assert after == amx, out.stdout
