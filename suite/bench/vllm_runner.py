@@ -53,11 +53,11 @@ def main() -> int:
     import torch
     import vllm
     from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
 
     # vLLM's AMX INT8 GEMM does not ask Linux for the AMX tile state it uses (SIGILL otherwise):
     # ask for it (suite.hardware.request_amx_tiles; this file imports nothing from the suite)
     getattr(torch._C._cpu, "_init_amx", lambda: False)()
-    from vllm.inputs import TokensPrompt
 
     with open(args.prompts) as fh:
         prompts = json.load(fh)

@@ -124,29 +124,34 @@ class NativeLayers:
     emulated bf16 attention; the other engines (emulated bf16 linears, fp8, w4a16's dequantizing
     linears where not plain) keep the Python loop. :func:`set_native_loop` switches it off (benchmarks)."""
 
-    def __init__(self, ext, layers: list[DecodeLayer], int8: bool):
-        from suite.embedded.qlinear import share_operands
-
-        self.ext, self.int8 = ext, int8
-        self.weights = []  # None: the int8 linears of a group cannot share one GEMM (build: no C++ loop)
-        for layer in layers:
-            self.weights += [layer.attn_norm.norm.weight, layer.attn_norm.n, layer.attn_norm.eps,
-                             layer.mlp_norm.norm.weight, layer.mlp_norm.n, layer.mlp_norm.eps]
-            if not int8:
-                self.weights += [m.weight.t() for m in layer.modules]  # a sync writes through
-                continue
-            # int8: one GEMM per input (q|k|v, wo, gate|up, w_down), on views a sync writes through
-            wq, wk, wv, wo, w_gate, w_up, w_down = layer.modules
-            for group in ((wq, wk, wv), (wo,), (w_gate, w_up), (w_down,)):
-                shared = share_operands(list(group)) if len(group) > 1 else (group[0].gemm_weight(), group[0].scale)
-                if shared is None:
-                    self.weights = None
-                    return
-                self.weights += list(shared)
+    def __init__(self, ext, layers: list[DecodeLayer], int8: bool, weights: list[torch.Tensor]):
+        self.ext, self.int8, self.weights = ext, int8, weights  # weights: layer_weights()
         self.int8_mods = [m for layer in layers for m in layer.modules] if int8 else []
         first = layers[0]
         self.args = (first.swap, first.n_heads, first.scale, first.scale_exact, first.full_att, first.emu_att,
                      first.attn_norm.f32, int8)
+
+    @staticmethod
+    def layer_weights(layers: list[DecodeLayer], int8: bool) -> list[torch.Tensor] | None:
+        """The C++ loop's per-layer tensors (csrc/decode_layers.cpp, kNorms), views a sync writes
+        through; None where the int8 linears of a group cannot share one GEMM."""
+        from suite.embedded.qlinear import share_operands
+
+        weights = []
+        for layer in layers:
+            weights += [layer.attn_norm.norm.weight, layer.attn_norm.n, layer.attn_norm.eps,
+                        layer.mlp_norm.norm.weight, layer.mlp_norm.n, layer.mlp_norm.eps]
+            if not int8:
+                weights += [m.weight.t() for m in layer.modules]
+                continue
+            # one GEMM per input: q|k|v, wo, gate|up, w_down
+            wq, wk, wv, wo, w_gate, w_up, w_down = layer.modules
+            for group in ((wq, wk, wv), (wo,), (w_gate, w_up), (w_down,)):
+                shared = share_operands(list(group)) if len(group) > 1 else (group[0].gemm_weight(), group[0].scale)
+                if shared is None:
+                    return None
+                weights += shared
+        return weights
 
     @classmethod
     def build(cls, layers: list[DecodeLayer]) -> "NativeLayers | None":
@@ -163,8 +168,8 @@ class NativeLayers:
                 for layer in layers}) != 1:
             return None
         ext = native_extension()
-        native = cls(ext, layers, int8) if ext is not None else None
-        return native if native is not None and native.weights is not None else None
+        weights = cls.layer_weights(layers, int8) if ext is not None else None
+        return cls(ext, layers, int8, weights) if weights is not None else None
 
     def applies(self) -> bool:
         """False while the int8 linears are switched off their fused path (qlinear.set_int8_fused)."""

@@ -16,7 +16,12 @@ transposed one).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -145,12 +150,6 @@ def test_int8_in_a_fresh_worker_process_as_verl_runs_it(tmp_path):
     worker extension asked at import (suite.hardware.request_amx_tiles; docs/verl.md, "AMX tile
     permission"; tests/test_hardware.py checks the request itself, deterministically). Its rollouts
     equal those of an engine in this process, where torch's own AMX kernels had asked long before."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     ck = checkpoints(tmp_path, 0)
     script = tmp_path / "worker.py"
     script.write_text(WORKER_SCRIPT)
