@@ -117,7 +117,8 @@ def _check(args) -> tuple[list[str], list[str], list[int], list[int]]:
 
 
 # Operator groups of the profile (aten op names, self CPU time).
-_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::_int_mm", "aten::_scaled_mm", "aten::linear")
+_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::_int_mm", "aten::_scaled_mm", "aten::linear",
+             "suite_fused::int_mm_packed")  # the packed GEMM, also where mm_rescale runs it (a child record)
 _ATTN_OPS = ("aten::bmm", "aten::baddbmm", "aten::_softmax", "aten::masked_fill", "aten::masked_fill_")
 _QUANT_OPS = ("aten::round", "aten::round_", "aten::clamp", "aten::clamp_", "aten::aminmax", "aten::maximum",
               "aten::div", "aten::where", "aten::_to_copy", "aten::copy_",

@@ -59,6 +59,43 @@ def test_packed_sums_are_the_exact_integer_product(simd, m, k, n):
         assert torch.equal(got, torch._int_mm(a, w.t()))
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,k,n", [(1, 3, 9), (5, 17, 33), (64, 256, 704), (64, 704, 256), (1024, 256, 768)])
+def test_mm_rescale_on_packed_weights_is_the_gemm_then_the_aten_rescale(out_dtype, m, k, n):
+    """mm_rescale on a packed weight: aten's rescale of the exact sums, ((float(acc) * xs) *
+    ws).to(out_dtype), bit for bit, at odd widths (a last block of 1 column of 8), with the columns
+    split over threads, and at a prefill's 1,024 rows."""
+    g = torch.Generator().manual_seed(m + k + n)
+    a = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    xs = torch.rand(m, 1, generator=g) * 1e-2
+    ws = torch.rand(1, n, generator=g) * 1e-2
+    want = ((a.long() @ w.long().t()).to(torch.int32).float() * xs * ws).to(out_dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)  # the columns split three ways (the tests' one thread would not split them)
+    try:
+        got = fused.mm_rescale(a, fused.pack_weight(w), xs, ws, out_dtype)
+    finally:
+        torch.set_num_threads(threads)
+    assert got.dtype == out_dtype and got.shape == (m, n)
+    assert torch.equal(got.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32),
+                       want.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32))
+
+
+def test_the_profiler_counts_the_packed_gemm_inside_mm_rescale_as_a_gemm():
+    """suite bench rollout --profile groups self time by operator: the packed GEMM runs inside
+    mm_rescale (no dispatch), so it is recorded as its own child, suite_fused::int_mm_packed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    a = torch.randint(-128, 128, (64, 512), dtype=torch.int8)
+    p = fused.pack_weight(torch.randint(-128, 128, (1536, 512), dtype=torch.int8))
+    xs, ws = torch.rand(64, 1), torch.rand(1, 1536)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fused.mm_rescale(a, p, xs, ws, torch.bfloat16)
+    calls = {ev.key: ev.count for ev in prof.key_averages()}
+    assert calls.get("suite_fused::mm_rescale") == 1 and calls.get("suite_fused::int_mm_packed") == 1
+
+
 def test_extreme_codes_at_the_int32_edge():
     """All -128 x -128 over K = 4096: 4096 * 16384 = 2**26 per sum, exactly."""
     a = torch.full((4, 4096), -128, dtype=torch.int8)
