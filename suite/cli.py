@@ -58,6 +58,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             print(hydra_config_yaml(overrides), end="")
         return 0
+    if args.warm_start_only:
+        return _warm_start_only(cfg, progress=not args.no_progress and sys.stderr.isatty())
     rid = run_id(cfg)
     run_dir = os.path.join(cfg.out_dir, rid)
     print(f"suite run {rid}\n  run dir: {run_dir}\n  tracking: {cfg.tracking.tracking_uri} "
@@ -95,6 +97,30 @@ def cmd_run(args: argparse.Namespace) -> int:
 CFG_PARTS = ("job", "hydra", "all")
 
 
+def _warm_start_only(cfg, *, progress: bool) -> int:
+    """`suite run --warm-start-only`: train (or find) the run's warm start in its cache and stop,
+    with no run dir and no MLflow run. Cells that share a warm start otherwise wait, each holding
+    its allocation, on the lock of the first one training it (suite.embedded.warmstart)."""
+    if cfg.backend.name != "embedded":
+        print(f"suite run: --warm-start-only: backend={cfg.backend.name} has no warm start; allowed: "
+              f"backend=embedded", file=sys.stderr)
+        return 2
+    import tempfile
+
+    from suite.embedded.trainer import EmbeddedRun
+    from suite.hardware import HardwareError
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="suite-warm-start-") as scratch:  # EmbeddedRun's run dir: unused
+            _, info = EmbeddedRun(cfg, scratch, progress=progress).load_warm_start()
+    except HardwareError as exc:
+        print(f"suite: cannot run here: {exc}", file=sys.stderr)
+        return 2
+    print(f"warm start: {info['cache_path']} ({'in the cache already' if info['cache_hit'] else 'trained'})",
+          flush=True)
+    return 0
+
+
 def _refuse_multirun(multirun: bool, overrides: list[str]) -> None:
     """Hydra's `-m` and `key=a,b` sweeps: `suite run` runs one experiment; a matrix is a sweep file,
     run by the suite's launcher (resumable, one MLflow parent run, local or SLURM)."""
@@ -120,6 +146,7 @@ RUN_HELP = """Run one experiment: compose the config from Hydra overrides, train
     suite run quant=fp8 correction=tis uaq.s=1.0 algo=dapo seed=1
     suite run --cfg job quant=w4a16 correction=tbpo  # print the resolved config; run nothing
     suite run --cfg hydra                            # Hydra's config and the chosen group options
+    suite run --warm-start-only model=small          # train the cached warm start only (before a sweep)
 
 A run goes to <out_dir>/<run_id> (out_dir=runs); running the same command again resumes it.
 Several runs (Hydra's -m, key=a,b) are a sweep file: `suite sweep FILE`.
@@ -161,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("-m", "--multirun", action="store_true",
                        help="refused: several runs are a sweep file (`suite sweep FILE`)")
     p_run.add_argument("--no-progress", action="store_true", help="periodic lines instead of a progress bar")
+    p_run.add_argument("--warm-start-only", action="store_true",
+                       help="train (or find) the run's cached warm start, e.g. once before a sweep whose cells "
+                            "share it, and stop: no run dir, no MLflow run")
     p_run.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. quant=fp8 uaq.s=1.0 seed=2")
     p_run.set_defaults(func=cmd_run)
     p_sync = sub.add_parser("sync", help="re-send a run's metrics.jsonl to MLflow (idempotent)")

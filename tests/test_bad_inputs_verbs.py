@@ -241,6 +241,15 @@ _flags("uaq/sync flags", [
     (["sync", "--bogus", "x"], ["--bogus"]),
 ], "not a run dir\n")
 
+_flags("run --warm-start-only", [
+    (["run", "--warm-start-only", "backend=verl", "backend.model_path=IN", "backend.train_files=IN",
+      "backend.val_files=IN"], ["--warm-start-only", "backend=verl", "allowed: backend=embedded"]),
+    (["run", "--warm-start-only", "warm_start.steps=-1"], ["warm_start.steps", "-1"]),
+    (["run", "--warm-start-only", "warm_start.steps=many"], ["warm_start.steps", "many"]),
+    (["run", "--warm-start-only", "warm_start.lr=0"], ["warm_start.lr", "0"]),
+    (["run", "--warm-start-only", "model=huge"], ["model", "huge"]),
+    (["run", "--warm-start-only", "nosuch=1"], ["nosuch"]),
+])
 
 def _cases():
     return [pytest.param(cls, argv, text, names, id=f"{cls}:{i}") for i, (cls, argv, text, names) in enumerate(BAD)]

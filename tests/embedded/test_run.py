@@ -316,6 +316,26 @@ def _cli_overrides(tmp_path, *extra, uri=None):
     ]
 
 
+@pytest.mark.slow  # two CLI processes, ~5 s each
+def test_warm_start_only_fills_the_cache_and_a_run_of_the_config_reads_it(tmp_path):
+    """`suite run --warm-start-only` (as before a sweep, or tests/conftest.py beside a session):
+    trains the run's warm start into the cache, finds it there the second time, creates no run
+    dir and no MLflow store; a run of the same config then starts from that cache file."""
+    over = TINY + [f"out_dir={tmp_path / 'runs'}", f"warm_start.cache_dir={tmp_path / 'cache'}",
+                   f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "warm_start.steps=20"]
+    outs = [subprocess.run([sys.executable, "-m", "suite.cli", "run", "--warm-start-only", "--no-progress", *over],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=300) for _ in range(2)]
+    assert [o.returncode for o in outs] == [0, 0], outs[0].stderr + outs[1].stderr
+    files = list((tmp_path / "cache").glob("*.pt"))
+    assert len(files) == 1
+    assert f"warm start: {files[0]} (trained)" in outs[0].stdout
+    assert f"warm start: {files[0]} (in the cache already)" in outs[1].stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]  # no runs/, no mlflow.db
+    cfg = compose_config(over)
+    _, info = EmbeddedRun(cfg, str(tmp_path / "run"), progress=False).load_warm_start()
+    assert info["cache_hit"] and info["cache_path"] == str(files[0])
+
+
 @pytest.mark.slow  # ~20 s quiet: a run killed with -9 and resumed
 def test_kill_9_then_rerun_resumes_without_lost_or_duplicated_steps(tmp_path, monkeypatch):
     over = _cli_overrides(tmp_path / "a", "steps=10", "ckpt_every=2", "eval_every=5")
