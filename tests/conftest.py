@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,65 +20,22 @@ pytest_plugins = ["slurm_fixture", "xdist_groups"]
 
 
 _PREBUILD = pytest.StashKey[subprocess.Popen]()
-_PREWARM = pytest.StashKey[subprocess.Popen]()
-# The session's warm-start cache (the `warmstart_cache` fixture), made by the controller so that it
-# can fill it before the workers, which inherit the variable, start.
-SESSION_CACHE_VAR = "SUITE_TESTS_SESSION_WARMSTART"
 
 
 def pytest_sessionstart(session):
-    """Beside the tests (the controller only; a plain session too):
-    - build the engine's C++ extensions. In a fresh environment the build takes a core for ~75 s;
-      the first test that needs an extension would otherwise pay for it in line, and every process
-      that wants it meanwhile waits on torch's build lock. Built already, the process only loads
-      them (~4 s);
-    - train the default run's warm start (600 steps, ~80 s of one core) into the session's cache,
-      at the lowest CPU priority: the workers leave a core idle for ~20 % of a session (they
-      wait on subprocesses, SLURM, servers), which the warm start fills; tests/embedded/
-      test_default_run.py, collected last, then finds it cached (or waits on its lock). Only where
-      that test can be selected: no -m / -k, and a path that holds it."""
+    """Build the engine's C++ extensions beside the tests (the controller only; a plain session
+    too). In a fresh environment the build takes a core for ~75 s; the first test that needs
+    an extension would otherwise pay for it in line, and every process that wants it meanwhile
+    waits on torch's build lock. Built already, the process only loads them (~4 s)."""
     if os.environ.get("PYTEST_XDIST_WORKER") or session.config.option.collectonly:
         return
     session.config.stash[_PREBUILD] = subprocess.Popen(
         [sys.executable, "-m", "suite.embedded.prebuild"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C of pytest does not interrupt it: a killed build would leave its lock behind
     )
-    cache = Path(tempfile.mkdtemp(prefix="suite-tests-warmstart-"))
-    os.environ[SESSION_CACHE_VAR] = str(cache)
-    if _selects_default_run(session.config):
-        import default_run
-
-        session.config.stash[_PREWARM] = subprocess.Popen(
-            ["nice", "-n", "19", sys.executable, "-m", "suite.cli", "run", "--warm-start-only", "--no-progress",
-             *default_run.OVERRIDES, f"warm_start.cache_dir={cache}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-
-
-def _selects_default_run(config) -> bool:
-    import default_run
-
-    if config.option.markexpr or config.option.keyword or shutil.which("nice") is None:
-        return False
-    target = (Path(str(config.rootpath)) / default_run.TEST_FILE).resolve()
-    paths = [Path(a.split("::")[0]).resolve() for a in config.args] or [target]
-    return any(p == target or p in target.parents for p in paths)
-
-
-def pytest_collection_modifyitems(config, items):
-    """The default-run test last: by then the background warm start is in the cache."""
-    import default_run
-
-    items.sort(key=lambda item: item.nodeid.split("::")[0] == default_run.TEST_FILE)
 
 
 def pytest_sessionfinish(session):
-    proc = session.config.stash.get(_PREWARM, None)
-    if proc is not None and proc.poll() is None:  # only a session that did not run the default run
-        os.killpg(proc.pid, signal.SIGKILL)  # its cache is the session's, removed below
-        proc.wait()
-    if SESSION_CACHE_VAR in os.environ and not os.environ.get("PYTEST_XDIST_WORKER"):
-        shutil.rmtree(os.environ.pop(SESSION_CACHE_VAR), ignore_errors=True)
     proc = session.config.stash.get(_PREBUILD, None)
     if proc is not None and proc.poll() is None:
         print("\nwaiting for the C++ extensions' build (python -m suite.embedded.prebuild) to finish", flush=True)
@@ -209,8 +164,6 @@ def warmstart_cache(tmp_path_factory) -> Path:
     each cache entry, so a worker that needs a warm start another one is training waits for it
     and reads it instead of training it again. (A worker's base temp is a folder of the
     session's; without xdist, or with `-p no:xdist`, the session's own.)"""
-    if os.environ.get(SESSION_CACHE_VAR):  # the controller's (pytest_sessionstart)
-        return Path(os.environ[SESSION_CACHE_VAR])
     base = tmp_path_factory.getbasetemp()
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "warmstart-cache"
 

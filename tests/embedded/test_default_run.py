@@ -2,8 +2,7 @@
 teacher and raises held-out accuracy by a clear margin (README, "What you will see").
 
 This is the slowest embedded test (~4 min on one core: the default 600-step warm start, then 50
-RL steps; the warm start is trained in the background as the session starts, tests/conftest.py);
-it is the only one that checks that learning happens, not just that a run runs.
+RL steps); it is the only one that checks that learning happens, not just that a run runs.
 """
 
 import json
@@ -11,23 +10,19 @@ import os
 
 import pytest
 
-import default_run
 from suite.config import compose_config, run_id
 from suite.embedded.trainer import EmbeddedRun
 from suite.tracking.loggers import read_jsonl
 
 
 @pytest.mark.slow  # ~90 s on 2 quiet cores: the default experiment's 150 steps
-def test_default_run_corrects_the_flawed_teacher_and_raises_held_out_accuracy(tmp_path, warmstart_cache):
-    """The warm start comes from the session's cache, where tests/conftest.py trains it beside the
-    first tests (`suite run --warm-start-only`, the same overrides); until it is there, this run
-    waits on the cache entry's lock, or trains it itself if the session did not start it."""
+def test_default_run_corrects_the_flawed_teacher_and_raises_held_out_accuracy(tmp_path):
     cfg = compose_config([
         # The default experiment (INT8 rollout, GRPO, ACR, UAQ s=1.5, flawed warm start), cut to
         # 50 RL steps: the gain is in by then (measured +0.121 and +0.094 at step 50, seeds 0, 1).
-        *default_run.OVERRIDES,
+        "steps=50", "eval_every=25", "threads=1",
         f"out_dir={tmp_path / 'runs'}",
-        f"warm_start.cache_dir={warmstart_cache}",
+        f"warm_start.cache_dir={tmp_path / 'warmstart-cache'}",
         f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
     ])
     assert (cfg.quant.precision, cfg.correction.mode, cfg.algo.name, cfg.uaq.s) == ("int8", "acr", "grpo", 1.5)
