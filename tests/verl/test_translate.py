@@ -375,9 +375,13 @@ def test_an_isa_cap_below_vnni_refuses_vllm_cpu_int8(verl_paths, monkeypatch):
 
 
 def test_cpu_run_overrides_compose_against_verls_config(verl_paths, composer):
+    from suite.hardware import cpu_features
     from suite.verl.cpu_workarounds import VERL_CPU_OVERRIDES
 
-    cfg = compose_config(verl_paths + ["quant=int8", "correction=acr", "backend.device=cpu",
+    # vLLM's CPU build serves int8 only with a VNNI dot product or AMX (refused at compose without:
+    # test_every_cpu_rollout_gets_the_worker_extension_once); w4a16 it serves on every kind
+    quant = "int8" if cpu_features().int8_dot_exact else "w4a16"
+    cfg = compose_config(verl_paths + [f"quant={quant}", "correction=acr", "backend.device=cpu",
                                        "backend.n_gpus_per_node=1"])
     o = verl_overrides(cfg)
     assert o[-len(VERL_CPU_OVERRIDES):] == list(VERL_CPU_OVERRIDES)
@@ -394,11 +398,19 @@ def test_every_cpu_rollout_gets_the_worker_extension_once():
     from suite.config import compose_config
     from suite.verl.rollout_quant import WORKER_EXTENSION
 
+    from suite.config import ConfigError
+    from suite.hardware import cpu_features
+
     key = "actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls"
     base = ["backend=verl", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"]
     for device, precision, want in (("cpu", "bf16", 1), ("cpu", "int8", 1), ("cpu", "w4a16", 1), ("cuda", "bf16", 0),
                                     ("cuda", "int8", 1)):
-        o = verl_overrides(compose_config([*base, f"backend.device={device}", f"quant={precision}"]), "/tmp/r")
+        over = [*base, f"backend.device={device}", f"quant={precision}"]
+        if (device, precision) == ("cpu", "int8") and not cpu_features().int8_dot_exact:  # AVX2 only
+            with pytest.raises(ConfigError, match="quant.precision: 'int8' is not served by vLLM's CPU build"):
+                compose_config(over)
+            continue
+        o = verl_overrides(compose_config(over), "/tmp/r")
         got = [x for x in o if x.lstrip("+").startswith(key + "=")]
         assert len(got) == want and all(x.endswith("=" + WORKER_EXTENSION) for x in got), (device, precision, got)
         compose_verl_config(o)  # one value per key: Hydra refuses a second `+key=...`
