@@ -85,6 +85,18 @@ def get_backend(name: str) -> Backend:
     return _module(name).run
 
 
+def backend_warm_start(cfg: DictConfig, *, progress: bool = False) -> dict[str, Any]:
+    """Train (or find) the cached warm start a run of `cfg` would start from, creating no run dir
+    (`suite run --warm-start-only`): the cache entry's info (`cache_path`, `cache_hit`). A backend
+    has one where `<package>.backend` defines `warm_start`; ValueError naming those that do."""
+    module = _module(cfg.backend.name)
+    if not hasattr(module, "warm_start"):
+        have = [name for name in BACKENDS if hasattr(_module(name), "warm_start")]
+        raise ValueError(f"backend={cfg.backend.name} has no warm start; allowed: "
+                         f"{', '.join('backend=' + name for name in have)}")
+    return module.warm_start(cfg, progress=progress)
+
+
 def backend_command(cfg: DictConfig, run_dir: str, overrides: list[str]) -> list[str]:
     """argv that runs `cfg` by hand in `run_dir` (a sweep's dry run prints it): `suite run
     <overrides>` for the embedded backend, verl's own trainer command for verl."""

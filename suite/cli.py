@@ -101,18 +101,14 @@ def _warm_start_only(cfg, *, progress: bool) -> int:
     """`suite run --warm-start-only`: train (or find) the run's warm start in its cache and stop,
     with no run dir and no MLflow run. Cells that share a warm start otherwise wait, each holding
     its allocation, on the lock of the first one training it (suite.embedded.warmstart)."""
-    if cfg.backend.name != "embedded":
-        print(f"suite run: --warm-start-only: backend={cfg.backend.name} has no warm start; allowed: "
-              f"backend=embedded", file=sys.stderr)
-        return 2
-    import tempfile
-
-    from suite.embedded.trainer import EmbeddedRun
+    from suite.backend import backend_warm_start
     from suite.hardware import HardwareError
 
     try:
-        with tempfile.TemporaryDirectory(prefix="suite-warm-start-") as scratch:  # EmbeddedRun's run dir: unused
-            _, info = EmbeddedRun(cfg, scratch, progress=progress).load_warm_start()
+        info = backend_warm_start(cfg, progress=progress)
+    except ValueError as exc:  # a backend without a warm start
+        print(f"suite run: --warm-start-only: {exc}", file=sys.stderr)
+        return 2
     except HardwareError as exc:
         print(f"suite: cannot run here: {exc}", file=sys.stderr)
         return 2

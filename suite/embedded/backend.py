@@ -14,6 +14,16 @@ def run(cfg: DictConfig, run_dir: str, on_eval: OnEval | None = None, *, progres
     return RunSummary.from_record(EmbeddedRun(cfg, run_dir, progress=progress, on_eval=on_eval).run())
 
 
+def warm_start(cfg: DictConfig, *, progress: bool = False) -> dict:
+    """The run's warm start from its cache, trained and cached first where missing; its info."""
+    import tempfile
+
+    from suite.embedded.trainer import EmbeddedRun
+
+    with tempfile.TemporaryDirectory(prefix="suite-warm-start-") as scratch:  # EmbeddedRun's run dir: unused
+        return EmbeddedRun(cfg, scratch, progress=progress).load_warm_start()[1]
+
+
 def command(cfg: DictConfig, run_dir: str, overrides: list[str]) -> list[str]:
     """`suite run <overrides>`: the overrides that compose `cfg` reproduce the run."""
     return ["suite", "run", *overrides]
