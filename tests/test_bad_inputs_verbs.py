@@ -251,6 +251,7 @@ _flags("run --warm-start-only", [
     (["run", "--warm-start-only", "nosuch=1"], ["nosuch"]),
 ])
 
+
 def _cases():
     return [pytest.param(cls, argv, text, names, id=f"{cls}:{i}") for i, (cls, argv, text, names) in enumerate(BAD)]
 

@@ -322,9 +322,9 @@ def _cli_overrides(tmp_path, *extra, uri=None):
 
 @pytest.mark.slow  # two CLI processes, ~5 s each
 def test_warm_start_only_fills_the_cache_and_a_run_of_the_config_reads_it(tmp_path):
-    """`suite run --warm-start-only` (as before a sweep, or tests/conftest.py beside a session):
-    trains the run's warm start into the cache, finds it there the second time, creates no run
-    dir and no MLflow store; a run of the same config then starts from that cache file."""
+    """`suite run --warm-start-only` (as before a sweep whose cells share a warm start): trains the
+    run's warm start into the cache, finds it there the second time, creates no run dir and no
+    MLflow store; a run of the same config then starts from that cache file."""
     over = TINY + [f"out_dir={tmp_path / 'runs'}", f"warm_start.cache_dir={tmp_path / 'cache'}",
                    f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "warm_start.steps=20"]
     outs = [subprocess.run([sys.executable, "-m", "suite.cli", "run", "--warm-start-only", "--no-progress", *over],

@@ -205,13 +205,13 @@ def test_uaq_and_throughput_against_jsonl(loaded, cell_runs, sweep_store):
         return np.mean([rl_mean(e, key) for e in per[cfg]])
 
     bf16 = cfg_mean("perf/gen_tokens_per_s", ("bf16", "acr", 1.5))
+    bf16_row = thr[(thr["precision"] == "bf16") & (thr["n"] > 0)].iloc[0]
     for cfg in (("int8", "acr", 1.5), ("int8", "tis", 1.5), ("int8", "acr", 1.0)):
         row = thr[(thr["precision"] == cfg[0]) & (thr["correction"] == cfg[1]) & (thr["uaq_s"] == cfg[2])]
         assert len(row) == 1, cfg
         row = row.iloc[0]
         assert row["n"] == len(per[cfg])
         assert row["gen_tokens_per_s"] == pytest.approx(cfg_mean("perf/gen_tokens_per_s", cfg), rel=1e-9)
-        bf16_row = thr[(thr["precision"] == "bf16") & (thr["n"] > 0)].iloc[0]
         if bf16_row["kernels_executed"] == row["kernels_executed"]:  # AVX-512 VNNI / BF16, AMX: both native
             assert (row["speedup"] == pytest.approx(row["gen_tokens_per_s"] / bf16, rel=1e-9)
                     and row["speedup_ref"] == "bf16")

@@ -395,11 +395,9 @@ def test_every_cpu_rollout_gets_the_worker_extension_once():
     """vLLM's CPU build packs 16-bit linears after loading, so a bf16 (or verl-native fp8) rollout on
     CPU needs the suite's extension to re-stage them at each weight sync, like int8 / w4a16 have it;
     on GPU a bf16 rollout runs verl's stock worker."""
-    from suite.config import compose_config
-    from suite.verl.rollout_quant import WORKER_EXTENSION
-
-    from suite.config import ConfigError
+    from suite.config import ConfigError, compose_config
     from suite.hardware import cpu_features
+    from suite.verl.rollout_quant import WORKER_EXTENSION
 
     key = "actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls"
     base = ["backend=verl", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"]
