@@ -96,20 +96,22 @@ class DecodeState:
     step and layer; the q / k projections' buffer (DecodeLayer.project); per-layer views of
     the KV cache as [B * H, max_len, hd] batches; for native 16-bit attention (DecodeLayer) the
     probabilities' buffer over all max_len slots, zero beyond the slots seen, and the cache's
-    unfilled V slots zeroed (0 * V must be 0, not NaN from uninitialised memory)."""
+    unfilled V slots zeroed (0 * V must be 0, not NaN from uninitialised memory). ``dtype``: the
+    layers' compute dtype, where the cache holds it wider (RolloutEngine.cache_dtype)."""
 
-    def __init__(self, cache: KVCache):
+    def __init__(self, cache: KVCache, dtype: torch.dtype | None = None):
         L, B, H, S, hd = cache.k.shape
         self.cache = cache
-        self.bias4 = torch.zeros(B, H, 1, S, dtype=cache.k.dtype, device=cache.k.device)  # [B, H, 1, S]
+        dtype = cache.k.dtype if dtype is None else dtype  # the layers' (RolloutEngine.cache_dtype may be wider)
+        self.bias4 = torch.zeros(B, H, 1, S, dtype=dtype, device=cache.k.device)  # [B, H, 1, S]
         filled = cache.length  # the prefilled prompt slots
         self.bias4[:, :, 0, :filled].masked_fill_(~cache.key_valid[:, None, :filled], float("-inf"))
         self.bias = self.bias4.view(B * H, 1, S)
         self.kv = [(cache.k[i].view(B * H, S, hd), cache.v[i].view(B * H, S, hd)) for i in range(L)]
         self.kv_flat = [t for kv in self.kv for t in kv]  # the same views, for NativeLayers
-        qk = torch.empty(2, B, H * hd, dtype=cache.k.dtype, device=cache.k.device)  # [2, B, D]
+        qk = torch.empty(2, B, H * hd, dtype=dtype, device=cache.k.device)  # [2, B, D]
         self.qk = (qk, qk[0], qk[1])  # the buffer and its [B, D] halves
-        self.p = torch.zeros(B * H, 1, S, dtype=cache.k.dtype, device=cache.k.device)  # [B * H, 1, S]
+        self.p = torch.zeros(B * H, 1, S, dtype=dtype, device=cache.k.device)  # [B * H, 1, S]
         cache.v[:, :, :, filled:].zero_()
 
 
@@ -252,6 +254,7 @@ class DecodeLayer:
         self.qk_t = (a.wq.weight.t(), a.wk.weight.t()) if plain else None  # [D, D] views
         self.modules = (a.wq, a.wk, a.wv, a.wo, block.mlp.w_gate, block.mlp.w_up, block.mlp.w_down)  # NativeLayers
         self.matmul = a.matmul  # torch.matmul, or the engine's bf16 emulation
+        self.dtype = dtype  # the attention probabilities' (a cache's dtype may be wider: RolloutEngine.cache_dtype)
         self.fast_att = dtype == torch.float32 and self.matmul is torch.matmul
         self.full_att = dtype != torch.float32 and self.matmul is torch.matmul
         self.emu_att = dtype == torch.bfloat16 and self.matmul is bf16_matmul_emulated  # CPUs without bf16 GEMMs
@@ -298,7 +301,7 @@ class DecodeLayer:
                 att = torch.baddbmm(bias, q, kt).mul_(self.scale)
             return torch.bmm(torch.softmax(att, -1), v)  # [N, T, hd]
         att = self.matmul(q, kt) * self.scale + bias  # [N, T, S]
-        att = torch.softmax(att, -1, dtype=torch.float32).to(v.dtype)
+        att = torch.softmax(att, -1, dtype=torch.float32).to(self.dtype)
         return self.matmul(att, v)  # [N, T, hd]
 
     def project(self, h: torch.Tensor, qk: tuple[torch.Tensor, torch.Tensor, torch.Tensor]

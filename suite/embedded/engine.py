@@ -119,6 +119,11 @@ class RolloutEngine:
             and linears.native_ok(scheme)
         # bf16 attention matmuls and lm_head: native bf16 kernels, or the float32 emulation.
         self.bf16_native = bf16_kernels == "native" or (bf16_kernels == "auto" and native_is_fast("bf16", device))
+        # The KV cache's dtype. Emulated bf16 attention multiplies float32 copies of bf16 values, so
+        # its cache holds the bf16-rounded keys and values in float32 (as Bf16EmulatedLinear holds
+        # its weight): the same values and bits, read without a bf16 -> float32 copy of every
+        # cached slot per layer and step (docs/bench.md, "Measurements behind the code").
+        self.cache_dtype = torch.float32 if self.dtype == torch.bfloat16 and not self.bf16_native else self.dtype
 
         # Our own copy (deepcopy: no RNG is consumed, the caller's streams stay untouched).
         m = copy.deepcopy(model).to(self.dtype)
@@ -216,7 +221,7 @@ class RolloutEngine:
     def _get_cache(self, batch: int, length: int) -> KVCache:
         c = self._cache
         if c is None or c.k.shape[1] != batch or c.max_len < length:
-            c = self._cache = KVCache(self.cfg, batch, length, dtype=self.dtype, device=self.device)
+            c = self._cache = KVCache(self.cfg, batch, length, dtype=self.cache_dtype, device=self.device)
         c.reset()
         return c
 
@@ -267,7 +272,7 @@ class RolloutEngine:
                 logits = self.prefill(tokens[rep_t, :P], mask[rep_t, :P], cache.rows(len(rep)))[src_t]  # [B, V]
                 cache.gather_rows(src_t, P)
 
-            state = DecodeState(cache)  # per-call buffers and views of the cache
+            state = DecodeState(cache, self.dtype)  # per-call buffers and views of the cache
 
             n = 0
             for t in range(max_new_tokens):

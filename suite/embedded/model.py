@@ -212,7 +212,7 @@ class Attention(nn.Module):
         att = self.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))  # [B, H, T, S]
         att = att.masked_fill(blocked, float("-inf"))
         # softmax statistics in float32 also for a bf16 model (as Hugging Face Llama).
-        att = torch.softmax(att, dim=-1, dtype=torch.float32).to(v.dtype)  # [B, H, T, S]
+        att = torch.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)  # [B, H, T, S], q's: a cache may be wider
         y = self.matmul(att, v)  # [B, H, T, hd]
         y = y.transpose(1, 2).reshape(B, T, D)  # [B, T, D]
         return self.wo(y)

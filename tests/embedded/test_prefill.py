@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _prompts import left_padded, rand_prompts
+from _prompts import left_padded, rand_prompts, same_values
 from suite.core.quant import PRECISIONS, QuantScheme
 from suite.embedded.engine import RolloutEngine
 from suite.embedded.model import PRESETS, KVCache, ModelConfig, Transformer
@@ -27,13 +27,6 @@ def _engine(precision: str, d_model: int, kernels: str = "auto") -> RolloutEngin
     return RolloutEngine(m, QuantScheme(precision), kernels=kernels)
 
 
-def _same_cache(a: KVCache, b: KVCache) -> None:
-    n = a.length
-    assert b.length == n
-    assert torch.equal(a.k[:, :, :, :n], b.k[:, :, :, :n]) and torch.equal(a.v[:, :, :, :n], b.v[:, :, :, :n])
-    assert torch.equal(a.key_valid, b.key_valid) and torch.equal(a.n_valid, b.n_valid)
-
-
 @pytest.mark.parametrize("precision,d_model,kernels",
                          [(p, 128, "auto") for p in PRECISIONS]
                          + [("bf16", 128, "emulated"), ("w4a16", 128, "emulated"), ("fp32", 96, "auto")])
@@ -45,14 +38,14 @@ def test_prefill_equals_the_general_forward(precision, d_model, kernels):
     chunks = [left_padded(rand_prompts([3, 7, 5, 1, 6])), left_padded(rand_prompts([2, 4, 1, 4, 3], seed=2))]
     B = 5
     S = sum(t.shape[1] for t, _ in chunks)
-    general, fast = KVCache(e.cfg, B, S, dtype=e.dtype), KVCache(e.cfg, B, S, dtype=e.dtype)
+    general, fast = KVCache(e.cfg, B, S, dtype=e.dtype), KVCache(e.cfg, B, S, dtype=e.cache_dtype)
     with torch.no_grad():
         for tokens, mask in chunks:
             h = e.model.hidden(tokens, attention_mask=mask, kv_cache=general)  # [B, T, D]
             want = e.model.lm_head(h[:, -1]).float()  # [B, V]
             got = e.prefill(tokens, mask, fast)
             assert got.dtype == torch.float32 and torch.equal(got, want)
-            _same_cache(general, fast)
+            same_values(fast, general)
 
 
 def test_prefill_rejects_a_full_cache():
@@ -62,13 +55,15 @@ def test_prefill_rejects_a_full_cache():
         e.prefill(tokens, mask, KVCache(e.cfg, 2, 3))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
-def test_generate_with_shared_prefixes_equals_the_general_forward(precision):
+@pytest.mark.parametrize("precision,kernels", [("fp32", "auto"), ("bf16", "auto"), ("int8", "auto"),
+                                               ("bf16", "emulated"), ("int8", "emulated")])
+def test_generate_with_shared_prefixes_equals_the_general_forward(precision, kernels):
     """generate's prefill of the distinct prompts, fanned out to their copies (prefix sharing),
     then greedy decoding, against the same schedule through the general forward (the distinct
     prompts prefilled by ``model.hidden``, the cache fanned out, one ``model.hidden`` per
-    token): the same tokens and behaviour log-probs, bit for bit."""
-    e = _engine(precision, 128)
+    token): the same tokens and behaviour log-probs, bit for bit. Emulated bf16 attention keeps its
+    cache in float32 (RolloutEngine.cache_dtype); the reference's cache is bf16."""
+    e = _engine(precision, 128, kernels)
     base = rand_prompts([3, 6, 2], seed=4)
     prompts = [base[0], base[1], base[0], base[2], base[1], base[0]]
     ro = e.generate(prompts, max_new_tokens=5, temperature=0.0, top_p=1.0, stop_id=-1, pad_id=0,

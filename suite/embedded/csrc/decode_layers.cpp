@@ -123,9 +123,9 @@ std::tuple<Tensor, Tensor> layers(Tensor x, const std::vector<Tensor>& w, const 
       y = at::bmm(p, vc);
     } else if (emu_att) {  // DecodeLayer.attend with matmul = qlinear.bf16_matmul_emulated
       Tensor kt = kc.slice(1, 0, S).transpose(1, 2);
-      const auto bf16 = kc.scalar_type();
+      const auto bf16 = at::kBFloat16;
       Tensor att = at::matmul(q.to(at::kFloat), kt.to(at::kFloat)).to(bf16) * scale + bias;
-      att = at::softmax(att, -1, at::kFloat).to(vc.scalar_type());
+      att = at::softmax(att, -1, at::kFloat).to(bf16);  // the cache may hold bf16 values in float32
       y = at::matmul(att.to(at::kFloat), vc.slice(1, 0, S).to(at::kFloat)).to(bf16);
     } else {
       Tensor kt = kc.slice(1, 0, S).transpose(1, 2);
