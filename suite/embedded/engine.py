@@ -119,11 +119,12 @@ class RolloutEngine:
             and linears.native_ok(scheme)
         # bf16 attention matmuls and lm_head: native bf16 kernels, or the float32 emulation.
         self.bf16_native = bf16_kernels == "native" or (bf16_kernels == "auto" and native_is_fast("bf16", device))
+        bf16_emulated = self.dtype == torch.bfloat16 and not self.bf16_native
         # The KV cache's dtype. Emulated bf16 attention multiplies float32 copies of bf16 values, so
         # its cache holds the bf16-rounded keys and values in float32 (as Bf16EmulatedLinear holds
         # its weight): the same values and bits, read without a bf16 -> float32 copy of every
         # cached slot per layer and step (docs/bench.md, "Measurements behind the code").
-        self.cache_dtype = torch.float32 if self.dtype == torch.bfloat16 and not self.bf16_native else self.dtype
+        self.cache_dtype = torch.float32 if bf16_emulated else self.dtype
 
         # Our own copy (deepcopy: no RNG is consumed, the caller's streams stay untouched).
         m = copy.deepcopy(model).to(self.dtype)
@@ -157,7 +158,7 @@ class RolloutEngine:
                 built = linears.build(getattr(parent, attr), scheme, self.native, aq, device)
                 if built is not None:
                     replace(parent, attr, built[0], name, load=built[1])
-            if self.dtype == torch.bfloat16 and not self.bf16_native:
+            if bf16_emulated:
                 block.attn.matmul = bf16_matmul_emulated
         built = None
         if lm_head and not QUANTIZERS[p].lossless:
@@ -166,7 +167,7 @@ class RolloutEngine:
             built = linears.build(m.lm_head, scheme, self.native, aq, device)
         if built is not None:
             replace(m, "lm_head", built[0], "lm_head", load=built[1])
-        elif self.dtype == torch.bfloat16 and not self.bf16_native:
+        elif bf16_emulated:
             replace(m, "lm_head", Bf16EmulatedLinear(self.cfg.d_model, self.cfg.vocab_size, device), "lm_head")
         # The outlier transform's (norm, fed linears) of the source model (the copy's linears are replaced).
         self._outliers = (outlier_pairs(model), float(outlier_alpha), int(outlier_channels)) \
