@@ -29,6 +29,10 @@ LOCK_FILE = "run.lock"
 EXCL_SUFFIX = ".excl"  # the fallback's marker: run.lock.excl
 NAMESPACE_MARK = "?pidns-"  # what filelock's marker appends to the host name inside a PID namespace
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+# A holder writes its identity right after it takes the lock (truncate, write, fsync); whoever is
+# refused in between reads an empty file. It waits this long for the name before saying so: only
+# the refusal path waits, and a loaded machine's fsync can take a second.
+NAME_WAIT_S = 5.0
 
 
 class RunLockedError(RuntimeError):
@@ -57,6 +61,18 @@ def _read_info(path: Path) -> dict | None:
         return None
 
 
+def _holder_of(path: Path) -> dict | None:
+    """The holder's identity from the lock file, waiting up to `NAME_WAIT_S` for a holder that has
+    the lock but has not written its name yet (or that released it meanwhile: the file is emptied
+    then); None when the wait is over."""
+    deadline = time.monotonic() + NAME_WAIT_S
+    while True:
+        info = _read_info(path)
+        if info or time.monotonic() >= deadline:
+            return info
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
     """Hold the run dir's writer lock for the block, or raise `RunLockedError` naming the holder."""
@@ -74,7 +90,7 @@ def run_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
     try:
         lock.acquire()
     except Timeout:
-        raise RunLockedError(_describe(path, _read_info(path))) from None
+        raise RunLockedError(_describe(path, _holder_of(path))) from None
     except OSError as exc:
         if exc.errno not in _NO_FLOCK:
             raise

@@ -36,6 +36,40 @@ def test_a_second_holder_is_refused_naming_the_first(tmp_path):
         pass
 
 
+# a holder that takes the flock and names itself only after a delay (argv[2] s): the window in
+# which a second process is refused before it can read who holds the lock
+LATE_NAMER = textwrap.dedent("""
+    import fcntl, json, os, socket, sys, time
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+    time.sleep(60)
+""")
+
+
+@pytest.mark.parametrize("delay", [0.5, None])
+def test_a_refusal_waits_for_a_holder_that_has_not_named_itself_yet(tmp_path, monkeypatch, delay):
+    monkeypatch.setattr(lock_mod, "NAME_WAIT_S", 2.0)
+    holder = subprocess.Popen([sys.executable, "-c", LATE_NAMER, str(tmp_path / LOCK_FILE),
+                               str(30.0 if delay is None else delay)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        t0 = time.monotonic()
+        with pytest.raises(RunLockedError) as err:
+            with run_lock(tmp_path):
+                pass
+        waited = time.monotonic() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    if delay is None:  # never named within the wait: said so, after the whole wait
+        assert "another process (it has not written its pid yet)" in str(err.value) and waited >= 2.0
+    else:
+        assert f"pid {holder.pid} on host {socket.gethostname()}" in str(err.value) and waited < 2.0
+
+
 @pytest.fixture
 def no_flock(monkeypatch):
     """A filesystem that refuses flock (some NFS/Lustre mounts): the marker-file fallback. flock is
