@@ -20,14 +20,16 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from filelock import FileLock, MarkerSoftFileLock, Timeout
 
 LOCK_FILE = "run.lock"
 EXCL_SUFFIX = ".excl"  # the fallback's marker: run.lock.excl
 NAMESPACE_MARK = "?pidns-"  # what filelock's marker appends to the host name inside a PID namespace
+T = TypeVar("T")
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 # A holder writes its identity right after it takes the lock (truncate, write, fsync); whoever is
 # refused in between reads an empty file. It waits this long for the name before saying so: only
@@ -61,15 +63,15 @@ def _read_info(path: Path) -> dict | None:
         return None
 
 
-def _holder_of(path: Path) -> dict | None:
-    """The holder's identity from the lock file, waiting up to `NAME_WAIT_S` for a holder that has
-    the lock but has not written its name yet (or that released it meanwhile: the file is emptied
-    then); None when the wait is over."""
+def _named_soon(read: Callable[[], T | None]) -> T | None:
+    """What `read` returns (the holder's identity), retried for up to `NAME_WAIT_S` while it is
+    empty: a holder that has the lock but has not written its name yet (or that released it
+    meanwhile, leaving no name); None when the wait is over."""
     deadline = time.monotonic() + NAME_WAIT_S
     while True:
-        info = _read_info(path)
-        if info or time.monotonic() >= deadline:
-            return info
+        found = read()
+        if found or time.monotonic() >= deadline:
+            return found
         time.sleep(0.05)
 
 
@@ -90,7 +92,7 @@ def run_lock(run_dir: str | os.PathLike) -> Iterator[Path]:
     try:
         lock.acquire()
     except Timeout:
-        raise RunLockedError(_describe(path, _holder_of(path))) from None
+        raise RunLockedError(_describe(path, _named_soon(lambda: _read_info(path)))) from None
     except OSError as exc:
         if exc.errno not in _NO_FLOCK:
             raise
@@ -114,7 +116,7 @@ def _marker_lock(path: Path) -> Iterator[Path]:
     try:
         lock.acquire()
     except Timeout:
-        owner = lock.owner
+        owner = _named_soon(lambda: lock.owner)
         info = None if owner is None else {"pid": owner.pid, "host": owner.hostname.split(NAMESPACE_MARK)[0]}
         raise RunLockedError(_describe(path, info)) from None
     try:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -93,7 +94,8 @@ DIE_HOLDING = textwrap.dedent("""
 """)
 
 
-def test_marker_fallback_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path, no_flock):
+def test_marker_fallback_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path, no_flock, monkeypatch):
+    monkeypatch.setattr(lock_mod, "NAME_WAIT_S", 2.0)
     excl = tmp_path / (LOCK_FILE + lock_mod.EXCL_SUFFIX)
 
     def owner_pid():
@@ -114,6 +116,12 @@ def test_marker_fallback_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_pat
     # filelock/_soft/_records.py encode_marker)
     excl.write_text("filelock/2\npid=12345\nhost=another-node\nmode=exclusive\n")
     with pytest.raises(RunLockedError, match="pid 12345 on host another-node"):
+        with run_lock(tmp_path):
+            pass
+    # a marker created but not yet written (its holder is between create and write) is waited for
+    excl.write_text("")
+    threading.Timer(0.5, excl.write_text, ["filelock/2\npid=23456\nhost=another-node\nmode=exclusive\n"]).start()
+    with pytest.raises(RunLockedError, match="pid 23456 on host another-node"):
         with run_lock(tmp_path):
             pass
 
