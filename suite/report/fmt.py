@@ -1,7 +1,8 @@
 """Formatting of the tables: numbers (CSV) to text cells (Markdown, LaTeX, HTML).
 
 Every accuracy cell shows the mean with its 95% CI (`suite.report.stats`), n, and the
-per-seed values; a cell of one seed has no interval; a grid cell nothing ran says "missing".
+per-seed values; a cell of one seed has no interval; a sweep cell with no run says "missing".
+Every row shows each identity column (suite.report.cells.ROW_AXES), so two rows never look alike.
 """
 
 from __future__ import annotations
@@ -99,14 +100,23 @@ def _identity_cells(df: pd.DataFrame) -> dict:
         "method": df["method"], "UAQ s": df["uaq_s"].map(lambda v: num(v, "{:g}")),
         "steps": df["steps"].map(lambda v: num(v, "{:.0f}")), "lr": df["lr"].map(lambda v: num(v, "{:g}")),
         "trainer": df["trainer_dtype"].map(_text), "kernels (low-bit/bf16)": kernels,
+        # the UAQ ablation's controls: global LR x f, or UAQ's per-group rates without the rescaling
+        "LR": [lr_control(f, q) for f, q in zip(df["lr_factor"], df["uaq_group_lr_s"])],
         "variant": df["variant"].map(_text),
     }
 
 
+def lr_control(lr_factor, group_lr_s) -> str:
+    """'ref' (the setting's reference learning rate), 'LR x1.5' or 'group LR x1.5'."""
+    if _na(lr_factor) or _na(group_lr_s):
+        return "—"
+    if lr_factor == 1.0 and group_lr_s == 1.0:
+        return "ref"
+    return uaq_label(1.0, lr_factor, group_lr_s).replace(" (s=1)", "")
+
+
 def display_main(df: pd.DataFrame) -> pd.DataFrame:
     cells = _identity_cells(df)
-    cells["LR"] = [uaq_label(1.0, f, q).replace(" (s=1)", "") if (f != 1.0 or q != 1.0) else "ref"
-                   for f, q in zip(df["lr_factor"], df["uaq_group_lr_s"])]
     return pd.DataFrame({
         **cells, "n": df["n"],
         # mean@1 or Avg@N (QuRL's AIME column is Avg@32): how the held-out accuracy was sampled
@@ -120,8 +130,9 @@ def display_main(df: pd.DataFrame) -> pd.DataFrame:
 def display_uaq(df: pd.DataFrame) -> pd.DataFrame:
     cells = _identity_cells(df)
     cells.pop("UAQ s")
+    cells.pop("LR")  # the setting says it
     return pd.DataFrame({
-        **{k: cells[k] for k in ("task", "model", "algo", "precision", "method")}, "setting": df["setting"],
+        **{k: cells[k] for k in ("task", "model", "algo", "backend", "precision", "method")}, "setting": df["setting"],
         **{k: cells[k] for k in ("steps", "lr", "trainer", "kernels (low-bit/bf16)", "variant")}, "n": df["n"],
         "acc % [95% CI]": [acc_ci(*a) for a in zip(df["acc_pct"], df["acc_ci_low"], df["acc_ci_high"], df["n"])],
         "CI": df["ci_method"].map(_text), "acc % per seed": [per_seed(s, v) for s, v in zip(df["seeds"], df["values"])],

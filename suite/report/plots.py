@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from suite.report.data import ACC, FINISHED
+from suite.report.cells import uaq_label
 from suite.report.tables import FULL, GROUP, with_lr_factor
 
 # QuRL's drift of KL(quantized || full precision): 0.002 early, 0.025 after ~1000 steps (arXiv 2602.13953, ACR section).
@@ -47,7 +48,8 @@ BAND_MINMAX_MAX_RUNS = 5  # up to this many runs per line the band is min..max, 
 MAX_LINES = 12  # more configurations than this in one panel: average over the minor axes
 # Identity columns a line's label names when they vary (suite.report.cells.ROW_AXES, minus the few
 # that follow from these): lines never silently mix step counts, trainer dtypes or kernel paths.
-LINE_AXES = (*GROUP, "fp8_granularity", "uaq_s", "uaq_group_lr_s", "lr", "steps", "trainer_dtype", "kernels")
+LINE_AXES = (*GROUP, "backend", "fp8_granularity", "uaq_s", "uaq_group_lr_s", "lr", "steps", "trainer_dtype",
+             "kernels", "bf16_kernels")
 
 
 def _label_cols(h: pd.DataFrame) -> list[str]:
@@ -58,6 +60,10 @@ def _label_cols(h: pd.DataFrame) -> list[str]:
     cols = ["precision", "method", *vary]
     if vary and len(h.drop_duplicates(cols)) > MAX_LINES:
         return ["precision", "method"]
+    # configurations alike on every axis above but of different configs (another clip range, say):
+    # each its own line, named by its group key
+    if "group_key" in h.columns and len(h.drop_duplicates([*cols, "group_key"])) > len(h.drop_duplicates(cols)):
+        cols.append("group_key")
     return cols
 
 
@@ -72,6 +78,8 @@ def _label(row: dict, cols: list[str]) -> str:
         v = row[c]
         if c == "uaq_s":
             parts.append(f"s={v:g}")
+        elif c == "group_key":
+            parts.append(f"[config {v}]")
         elif c in ("lr", "uaq_group_lr_s", "steps"):
             name = "group LR x" if c == "uaq_group_lr_s" else f"{c}="
             parts.append(f"{name}{'?' if pd.isna(v) else format(float(v), 'g')}")
@@ -211,31 +219,33 @@ def clip_is_vs_step(history: pd.DataFrame):
 
 
 def visibility_vs_s(runs: pd.DataFrame):
-    """Weight-update visibility (quantized codes changed per step, %) vs UAQ scale s, per
-    precision; runs at the reference learning rate. Error bars: min..max over seeds."""
+    """Weight-update visibility (quantized codes changed per step, %) vs UAQ scale s, one series
+    per configuration: the UAQ ablation's LR and per-group LR controls are series of their own
+    (a point at s = 1), never pooled with the runs they control. Error bars: min..max over seeds."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     r = with_lr_factor(runs)
-    r = r[(r["status"] == FINISHED) & (r["lr_factor"] == 1.0) & ~r["precision"].isin(FULL) & r["visibility"].notna()]
+    r = r[(r["status"] == FINISHED) & ~r["precision"].isin(FULL) & r["visibility"].notna()]
     n = 0
-    group_cols = [c for c in (*GROUP, "precision", "fp8_granularity", "method", "steps", "trainer_dtype")
-                  if r[c].nunique() > 1] or ["precision"]
-    note = ""
-    if len(r.drop_duplicates(group_cols)) > MAX_LINES:
-        group_cols = ["precision"]
-        note = (_averaged(r.assign(uaq_s=1.0, lr=1.0), ["precision", "method"])
-                .replace("\n(lines: mean over ", "\n(mean over method, "))
-    for key, g in r.groupby(group_cols, sort=True):
-        key = key if isinstance(key, tuple) else (key,)
+    # the controls split always; the other axes where they vary
+    group_cols = [c for c in (*GROUP, "backend", "precision", "fp8_granularity", "method", "steps", "trainer_dtype",
+                              "kernels", "bf16_kernels") if r[c].nunique() > 1] or ["precision"]
+    point = [*group_cols, "lr_factor", "uaq_group_lr_s", "uaq_s"]
+    if len(r.drop_duplicates([*point, "group_key"])) > len(r.drop_duplicates(point)):
+        group_cols.append("group_key")  # alike on every axis, different configs: a series each
+    for key, g in r.groupby([*group_cols, "lr_factor", "uaq_group_lr_s"], sort=True, dropna=False):
+        *key, factor, group_lr = key
         s = g.groupby("uaq_s")["visibility"].agg(["mean", "min", "max"]).sort_index() * 100
-        ax.errorbar(s.index, s["mean"], yerr=[s["mean"] - s["min"], s["max"] - s["mean"]], marker="o", capsize=3,
-                    label=" ".join(map(str, key)))
+        control = [uaq_label(1.0, factor, group_lr).replace(" (s=1)", "")] if (factor, group_lr) != (1.0, 1.0) else []
+        ax.errorbar(s.index, s["mean"], yerr=[s["mean"] - s["min"], s["max"] - s["mean"]], marker="o" if not control
+                    else "s", capsize=3, label=" ".join([*_label(dict(zip(group_cols, key)), group_cols).split(),
+                                                          *control]))
         n += 1
     if not n:
         _empty(ax, "quant/update_code_changed_frac")
     ax.set_xlabel("UAQ invariant scale s  (1 = no UAQ)")
     ax.set_ylabel("quantized codes changed per step (%)")
-    ax.set_title("Weight-update visibility vs UAQ scale (quant/update_code_changed_frac)" + note)
+    ax.set_title("Weight-update visibility vs UAQ scale (quant/update_code_changed_frac)")
     _legend(ax, n)
     return fig
 

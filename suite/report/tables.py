@@ -6,8 +6,9 @@ one configuration: runs whose semantic configs are equal except for the seed
 (`suite.report.cells`), never a mix of step counts, learning rates, trainer dtypes, kernel
 paths or FP8 granularities. Only FINISHED runs are averaged; every other run (FAILED, KILLED,
 RUNNING, SUPERSEDED, or an expected sweep cell with no run, MISSING) is counted in the
-`not_averaged` column of its row and listed by `run_status`. A grid cell of the papers' tables
-with no run stays in the table with n = 0, shown as "missing".
+`not_averaged` column of its row and listed by `run_status`. An expected sweep cell with no run
+is a row with n = 0, shown as "missing"; a setting no run and no sweep asked for is no row (the
+papers' values stand in the `paper_vs_*` tables, every published row with its source).
 
 Accuracy is reported in percent (the papers' unit): the run's last held-out accuracy
 (`val-core/<task>/acc/mean@1`; for a verl run the largest mean@N it logged, e.g. Avg@32, mean over its
@@ -24,11 +25,11 @@ import math
 import pandas as pd
 
 from suite.report import fmt
-from suite.report.cells import (FULL, GROUP, LOW_BIT, ROW_AXES, empty_stats, ensure_prepared, finished_mean,
+from suite.report.cells import (FULL, GROUP, LOW_BIT, ROW_AXES, ensure_prepared, finished_mean,
                                 pooled_frame, prepare, sort_rows, uaq_label, with_lr_factor)
 from suite.report.data import ACC, FINISHED, MISSING
 from suite.report.fmt import Table
-from suite.report.identity import SUPERSEDED, method_label
+from suite.report.identity import SUPERSEDED
 from suite.report.paper import (MEASURED_LABEL, PAPER_LABEL, PaperDataError, analysis_dir, growth, load_paper,
                                 paper_vs_kl, paper_vs_main, paper_vs_throughput, paper_vs_uaq)
 from suite.report.stats import CI_SEED, N_RESAMPLES, bootstrap_ci, describe, mean_ci, t_interval
@@ -36,19 +37,12 @@ from suite.report.stats import CI_SEED, N_RESAMPLES, bootstrap_ci, describe, mea
 __all__ = ["FULL", "GROUP", "LOW_BIT", "MEASURED_LABEL", "PAPER_LABEL", "PaperDataError", "Table", "analysis_dir",
            "bootstrap_ci", "build_tables", "kl_table", "load_paper", "main_table", "mean_ci", "paper_vs_kl",
            "paper_vs_main", "paper_vs_throughput", "paper_vs_uaq", "run_status", "status_counts", "t_interval",
-           "throughput_table", "uaq_label", "uaq_table", "with_lr_factor"]
+           "throughput_table", "uaq_label", "uaq_settings", "uaq_table", "with_lr_factor"]
 
-IDENT = ("precision", "fp8_granularity", "correction", "aligned_forward", "uaq_s")
-# The papers' main grid, by identity (precision, fp8 granularity, correction, aligned forward, UAQ s):
-# BF16 (a bf16 rollout, stock pipeline); naive, FlashRL's TIS (no UAQ) and QuRL's ACR + UAQ s = 1.5 at
-# INT8 and at FP8 with QuRL's per-channel weight scales (analysis/README.md).
-MAIN_GRID = (("bf16", "", "naive", False, 1.0),) + tuple(
-    (p, g, c, False, s) for p, g in (("int8", ""), ("fp8", "per_channel"))
-    for c, s in (("naive", 1.0), ("tis", 1.0), ("acr", 1.5)))
-# QaRL's rows, shown when any W4A16 or TBPO run exists: w4a16 rollout GRPO, QaRL (aligned) TBPO, BF16 TBPO.
-QARL_ROWS = (("w4a16", "", "naive", False, 1.0), ("w4a16", "", "tbpo", True, 1.0), ("bf16", "", "tbpo", False, 1.0))
 # QuRL's UAQ ablation as (s, lr factor, per-group LR s): s = 1 / 1.25 / 1.5 / 2, the global LR x1.5 / x2
 # controls at s = 1, and the per-group LR control that does what UAQ s does under Adam, without rescaling.
+# Only the order rows are shown in: a table lists the configurations that ran (or a sweep expected),
+# never a setting nobody asked for (the published values stand in the paper-comparison tables).
 UAQ_GRID = ((1.0, 1.0, 1.0), (1.25, 1.0, 1.0), (1.5, 1.0, 1.0), (2.0, 1.0, 1.0), (1.0, 1.5, 1.0), (1.0, 2.0, 1.0),
             (1.0, 1.0, 1.5), (1.0, 1.0, 2.0))
 
@@ -69,45 +63,19 @@ def held_out_label(acc_metrics) -> str:
     return " / ".join("mean@1" if n == 1 else f"Avg@{n}" for n in sorted(ns))
 
 
-def _placeholder(setting: tuple, ident: tuple, lr_factor: float = 1.0, group_lr_s: float = 1.0) -> dict:
-    row = {a: math.nan for a in ROW_AXES}
-    row.update({a: "" for a in ("backend", "trainer_dtype", "kernels", "bf16_kernels")})
-    row.update(dict(zip(GROUP, setting)), **dict(zip(IDENT, ident)), lr_factor=lr_factor, uaq_group_lr_s=group_lr_s)
-    row["steps"] = pd.NA
-    row["method"] = method_label(row["correction"], row["aligned_forward"])
-    return {**row, "group_key": "", "variant": "", **empty_stats(), "acc_at": ""}
-
-
-def _ident(row) -> tuple:
-    return tuple(row[k] for k in IDENT)
-
-
-def _is_control(r: pd.DataFrame) -> pd.Series:
-    """Low-bit runs off the reference LR or with the per-group LR control: the UAQ ablation's controls."""
-    return r["precision"].isin(LOW_BIT) & ((r["lr_factor"] != 1.0) | (r["uaq_group_lr_s"] != 1.0))
-
-
 # ------------------------------------------------------------------------------ main table
 
 
 def main_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = CI_SEED) -> pd.DataFrame:
     """QuRL/QaRL main table: held-out accuracy (%) per configuration (ROW_AXES + group key).
 
-    Every run except the UAQ ablation's low-bit LR / per-group LR controls (those are in
-    `uaq_table`), plus the papers' grid (MAIN_GRID; QARL_ROWS when any W4A16 or TBPO run exists)
-    per (task, model, algo) setting with n = 0 where no run of that identity ran.
+    Every run the frame holds, the UAQ ablation's LR and per-group LR controls included (each its
+    own row, `lr_factor` / `uaq_group_lr_s` saying which); a sweep cell with no run (MISSING) is a
+    row with n = 0. Settings nobody ran are not rows: the papers' values stand in `paper_vs_main`.
     """
     r = ensure_prepared(runs)
-    df = pooled_frame(r[~_is_control(r)], ACC, 100.0, n_resamples, seed,
+    df = pooled_frame(r, ACC, 100.0, n_resamples, seed,
                       extra={"acc_at": lambda d: held_out_label(d["acc_metric"]) if "acc_metric" in d else ""})
-    at_ref = df[(df["lr_factor"] == 1.0) & (df["uaq_group_lr_s"] == 1.0)]
-    have = {(tuple(row[k] for k in GROUP), _ident(row)) for _, row in at_ref.iterrows()}
-    qarl = bool(((r["precision"] == "w4a16") | (r["correction"] == "tbpo")).any())
-    settings = sorted({tuple(x) for x in r[list(GROUP)].itertuples(index=False) if all(x)})
-    extra = [_placeholder(s, g) for s in settings for g in MAIN_GRID + (QARL_ROWS if qarl else ())
-             if (s, g) not in have]
-    if extra:
-        df = pd.concat([df, pd.DataFrame(extra, columns=df.columns)], ignore_index=True)
     return sort_rows(df.rename(columns=ACC_COLUMNS))
 
 
@@ -120,29 +88,23 @@ def uaq_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = CI
     Low-bit runs only (UAQ acts on the quantizer). setting: UAQ s, LR factor (train.lr over the
     setting's reference lr) and per-group LR control. visibility_pct: mean over RL steps and
     seeds of `quant/update_code_changed_frac` x 100; step_ratio: mean of `quant/update_step_ratio`
-    (|dW| / quantization step). Identities with two or more settings also get the grid UAQ_GRID,
-    n = 0 where nothing ran.
+    (|dW| / quantization step). Rows are the configurations that ran (or a sweep expected).
     """
     r = ensure_prepared(runs)
     r = r[r["precision"].isin(LOW_BIT)]
     df = pooled_frame(r, ACC, 100.0, n_resamples, seed,
                       extra={"visibility_pct": lambda d: finished_mean(d, "visibility", 100.0),
                              "step_ratio": lambda d: finished_mean(d, "step_ratio")})
-    base = [*GROUP, "precision", "fp8_granularity", "correction", "aligned_forward"]
-    extra = []
-    for key, g in df.groupby(base, dropna=False):
-        present = {(float(s), float(f), float(q)) for s, f, q in zip(g["uaq_s"], g["lr_factor"], g["uaq_group_lr_s"])}
-        if len(present) < 2:
-            continue
-        for s, f, q in UAQ_GRID:
-            if (s, f, q) not in present:
-                row = _placeholder(key[:3], (*key[3:], s), f, q)
-                extra.append({**row, "visibility_pct": math.nan, "step_ratio": math.nan})
-    if extra:
-        df = pd.concat([df, pd.DataFrame(extra, columns=df.columns)], ignore_index=True)
     df.insert(len(ROW_AXES) + 2, "setting",
               [uaq_label(s, f, q) for s, f, q in zip(df["uaq_s"], df["lr_factor"], df["uaq_group_lr_s"])])
     return sort_rows(df.rename(columns=ACC_COLUMNS))
+
+
+def uaq_settings(uaq: pd.DataFrame) -> list[tuple[float, float, float]]:
+    """(s, lr factor, per-group LR s) of the UAQ table's rows that have runs, in UAQ_GRID order first."""
+    have = {(float(s), float(f), float(q)) for s, f, q, n in
+            zip(uaq["uaq_s"], uaq["lr_factor"], uaq["uaq_group_lr_s"], uaq["n"]) if n}
+    return [g for g in UAQ_GRID if g in have] + sorted(have - set(UAQ_GRID))
 
 
 # ------------------------------------------------------------------------------ throughput
@@ -274,7 +236,7 @@ def build_tables(runs: pd.DataFrame, paper: dict[str, pd.DataFrame], n_resamples
     status = run_status(runs)
     counts = ", ".join(f"{n} {s}" for s, n in status_counts(runs).items()) or "no runs"
     pvm = paper_vs_main(main, paper["main"])
-    pvu = paper_vs_uaq(uaq, paper["uaq"], UAQ_GRID)
+    pvu = paper_vs_uaq(uaq, paper["uaq"], uaq_settings(uaq))
     pvt = paper_vs_throughput(thr, paper["throughput"])
     pvk = paper_vs_kl(kl, paper["kl"])
     fill = {"ci": ci, "rows": ROWS_NOTE, "paper": PAPER_NOTE, "counts": counts, "missing": MISSING}

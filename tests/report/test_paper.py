@@ -102,7 +102,8 @@ def test_uaq_pairing_matches_s_lr_and_group_lr():
         rows += [{"precision": "int8", "algo": "dapo", "uaq_s": s, "lr": 3e-5 * f, "uaq_group_lr_s": q, "seed": k,
                   "acc": acc} for k in (0, 1, 2)]
     rows += [{"precision": "int8", "algo": "dapo", "uaq_s": 1.0, "seed": k, "acc": 0.3} for k in (3, 4, 5)]
-    pvu = T.paper_vs_uaq(T.uaq_table(frame(rows)), load_paper()["uaq"], T.UAQ_GRID).set_index("label")
+    uaq = T.uaq_table(frame(rows))
+    pvu = T.paper_vs_uaq(uaq, load_paper()["uaq"], T.uaq_settings(uaq)).set_index("label")
     p = "paper: QuRL AIME24 avg@32 (%)"
     assert pvu.loc["QuRL w/ UAQ s=1.5", p] == 31.25
     assert pvu.loc["QuRL w/ UAQ s=1.5", f"{M}acc (%)"] == pytest.approx(31.0)
@@ -110,7 +111,8 @@ def test_uaq_pairing_matches_s_lr_and_group_lr():
     assert pvu.loc["QuRL w/o UAQ", f"{M}acc (%)"] == pytest.approx(30.0) and pvu.loc["QuRL w/o UAQ", f"{M}n"] == 6
     g = pvu.loc["group LR x1.5 (s=1) (not in the paper)"]
     assert np.isnan(g[p]) and g[f"{M}acc (%)"] == pytest.approx(28.0) and g["uaq_group_lr_s"] == 1.5
-    assert pvu.loc["LR x2", f"{M}n"] == 0
+    assert pvu.loc["LR x2", f"{M}n"] == 0  # every published row stays, measured or not
+    assert not any("group LR x2" in label for label in pvu.index)  # no row nobody published or ran
 
 
 BAD = [

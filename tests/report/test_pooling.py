@@ -42,11 +42,113 @@ def test_configs_that_differ_are_never_averaged(what, a, b, precision):
         assert real["n"].max() <= 1, (what, real[["method", "uaq_s", "steps", "n"]])
         assert set(real["seeds"]) <= {"0", "1", ""}
     main = T.main_table(runs)
-    measured = main[main["n"] == 1]
-    if what in ("per-group LR", "lr") and precision == "int8":  # one of the two is a UAQ-ablation control
-        assert len(measured) == 1, what
-    else:
-        assert sorted(measured["acc_pct"]) == [pytest.approx(50.0), pytest.approx(70.0)], what
+    assert sorted(main["acc_pct"]) == [pytest.approx(50.0), pytest.approx(70.0)], what
+    assert len(main) == 2, what  # the two runs, nothing nobody ran
+
+
+# Runs that differ in one axis alone (issue: the report pooled the per-group-LR control into s = 1).
+AXIS_SPLITS = SPLITS + [
+    ("backend", {"backend": "embedded"}, {"backend": "verl"}),
+    ("aligned forward", {"aligned_forward": False}, {"aligned_forward": True}),
+    ("algo", {"algo": "grpo"}, {"algo": "dapo"}),
+    ("task", {"task": "arith"}, {"task": "word"}),
+    ("LR control x1.5", {"lr": 3e-5}, {"lr": 4.5e-5}),
+]
+
+
+def _two_runs(a: dict, b: dict) -> pd.DataFrame:
+    """Two seeds of each of two configurations (a, b): int8, with every per-run metric a figure reads."""
+    metrics = {"kl_first": 1e-3, "kl_last": 2e-3, "visibility": 0.02, "step_ratio": 0.5, "gen_tokens_per_s": 100.0,
+               "sync_s": 0.1, "step_s": 1.0, "gen_s": 0.5}
+    rows = [{"precision": "int8", "seed": s, "acc": 0.5 + 0.1 * s, **metrics, **cfg, "visibility": v + 0.001 * s}
+            for cfg, v in ((a, 0.02), (b, 0.04)) for s in (0, 1)]
+    if "lr" in a:  # two more runs at a's lr make it the setting's reference lr (the LR control is b)
+        rows += [{"precision": "int8", "seed": s, "acc": 0.6, **metrics, **a} for s in (2, 3)]
+    return frame(rows)
+
+
+def _history(runs: pd.DataFrame) -> pd.DataFrame:
+    """Two RL steps per run with the metrics the step figures draw."""
+    keys = {"rollout_corr/kl": 1e-3, "critic/score/mean": 0.5, "train/acc": 0.5, D.ACC: 0.5, D.ACC_ROLLOUT: 0.5,
+            "actor/pg_clipfrac": 0.1, "rollout_corr/rollout_is_mean": 1.0,
+            "actor/pg_clipfrac_high_bound": 0.05, "rollout_corr/rollout_is_ratio_fraction_high": 0.0}
+    cols = ["mlflow_run_id", "status", "backend", "precision", "correction", "uaq_s", "algo", "task", "model",
+            "aligned_forward", "seed", "method", "lr", *D.HISTORY_IDENTITY]
+    rows = [{**{c: r[c] for c in cols}, "step": step, **keys} for _, r in runs.iterrows() for step in (1, 2)]
+    return pd.DataFrame(rows)
+
+
+STATISTICS = ("n", "CI", "not averaged", "rollout tokens/s", "speed-up", "KL first step", "KL last step",
+              "KL last, per seed", "growth (x)", "last step")
+
+
+def _is_statistic(column: str) -> bool:
+    """A displayed column that holds a measured value, not a row's identity."""
+    return "%" in column or column in STATISTICS or column.startswith(
+        ("weight sync", "sync share", "rollout share", "update visibility", "|dW|"))
+
+
+def _visibility_points(fig) -> dict:
+    """{series label: [(s, visibility %), ...]} of the visibility figure's error-bar series."""
+    return {c.get_label(): list(zip(c.lines[0].get_xdata(), c.lines[0].get_ydata())) for c in fig.axes[0].containers}
+
+
+def _legend_labels(fig) -> list[str]:
+    labels = []
+    for ax in fig.axes:
+        labels += [lab for lab in ax.get_legend_handles_labels()[1] if not lab.startswith("paper")]
+    labels += [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    return labels
+
+
+@pytest.mark.parametrize("what,a,b", AXIS_SPLITS, ids=[f"{s[0]}:{i}" for i, s in enumerate(AXIS_SPLITS)])
+def test_every_table_and_figure_keeps_configurations_that_differ_in_one_axis_apart(what, a, b):
+    """Each table has one row per configuration and shows each row differently (no two displayed
+    rows alike: every identity column is shown); each figure draws each configuration as its own
+    labelled series."""
+    from suite.report import plots as P
+
+    runs = C.prepare(_two_runs(a, b))
+    tables = T.build_tables(runs, T.load_paper(), n_resamples=200)
+    for name in ("main", "uaq_ablation", "kl_drift", "throughput"):
+        t = tables[name]
+        data = t.data[t.data["n"] > 0]
+        assert len(data) == 2 and (data["n"] >= 2).all(), (what, name, data[["n", "group_key"]])
+        ident = t.text.loc[data.index].drop(columns=[c for c in t.text.columns if _is_statistic(c)])
+        assert not ident.duplicated().any(), (what, name, ident.to_dict("records"))
+    history = _history(runs)
+    figs = P.build_figures(runs, history, tables["throughput"].data)
+    n_configs = len(runs.drop_duplicates("group_key"))
+    for name in ("kl_vs_step", "reward_vs_step", "accuracy_vs_step"):
+        labels = _legend_labels(figs[name])
+        assert len(set(labels)) >= n_configs and len(set(labels)) == len(labels), (what, name, labels)
+    # throughput: a configuration is a (series, model group) bar
+    bars = [(c.get_label(), round(b.get_x(), 6)) for c in figs["throughput"].axes[0].containers for b in c
+            if b.get_height() > 0]
+    assert len(set(bars)) == len(bars) == n_configs, (what, bars)
+    # visibility vs s: a configuration is a (series, s) point; s itself is the x axis
+    points = [(label, x) for label, xy in _visibility_points(figs["visibility_vs_s"]).items() for x, _ in xy]
+    assert len(set(points)) == len(points) == n_configs, (what, points)
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def test_visibility_figure_never_pools_the_group_lr_control_into_s1():
+    """What a new user met on the reduced UAQ ablation: the point at s = 1 pooled the no-UAQ runs
+    with the per-group-LR x1.5 control."""
+    from suite.report import plots as P
+
+    rows = [{"uaq_s": 1.0, "seed": s, "acc": 0.5, "visibility": 0.0218} for s in (0, 1)]
+    rows += [{"uaq_s": 1.0, "uaq_group_lr_s": 1.5, "seed": s, "acc": 0.5, "visibility": 0.0298} for s in (0, 1)]
+    rows += [{"uaq_s": 1.5, "seed": s, "acc": 0.5, "visibility": 0.03} for s in (0, 1)]
+    fig = P.visibility_vs_s(C.prepare(frame(rows)))
+    points = _visibility_points(fig)
+    assert points == {"int8": [(1.0, pytest.approx(2.18)), (1.5, pytest.approx(3.0))],
+                      "int8 group LR x1.5": [(1.0, pytest.approx(2.98))]}, points
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
 
 
 @pytest.mark.parametrize("gran", [("per_tensor", "per_channel"), ("per_channel", "block"), ("per_tensor", "block")])

@@ -170,10 +170,13 @@ def test_main_table_against_runs(loaded, cell_runs, sweep_store):
             assert np.isnan(row["acc_ci_low"]) and np.isnan(row["acc_ci_high"])
         others = sorted(m[0] for m in members if m[0] != "FINISHED")
         assert row["not_averaged"] == ", ".join(f"{others.count(s_)} {s_}" for s_ in sorted(set(others)))
-    # The papers' grid rows nobody ran are there, as missing (n = 0): e.g. FP8 TIS.
-    fp8_tis = main[(main["precision"] == "fp8") & (main["method"] == "TIS")]
-    assert len(fp8_tis) == 1 and fp8_tis.iloc[0]["n"] == 0 and fp8_tis.iloc[0]["uaq_s"] == 1.0
-    assert "missing" in T.fmt.display_main(fp8_tis)["acc % [95% CI]"].iloc[0]
+    # A row per configuration the sweep holds, none for a setting it never asked for (e.g. FP8 TIS):
+    # the published values stand in paper_vs_main.
+    assert len(main) == len(groups)
+    assert main[(main["precision"] == "fp8") & (main["method"] == "TIS")].empty
+    # an expected cell with no run at all is its row's "missing"
+    empty = main[main["n"] == 0]
+    assert (T.fmt.display_main(empty)["acc % [95% CI]"] == "missing").all()
 
 
 def test_uaq_and_throughput_against_jsonl(loaded, cell_runs, sweep_store):
@@ -196,9 +199,9 @@ def test_uaq_and_throughput_against_jsonl(loaded, cell_runs, sweep_store):
         want = np.mean([rl_mean(e, "quant/update_code_changed_frac") for e in per[("int8", "acr", s)]]) * 100
         assert row["visibility_pct"] == pytest.approx(want, rel=1e-9)
         assert row["setting"] == ("no UAQ (s=1)" if s == 1.0 else "s=1.5")
-    # the paper's grid for int8 ACR (two settings ran): s = 2 and the LR controls show as missing
+    # only the settings that ran: no row for s = 2 or an LR control nobody asked for
     grid = uaq[(uaq["precision"] == "int8") & (uaq["method"] == "ACR")]
-    assert {"s=2", "LR x1.5 (s=1)", "LR x2 (s=1)", "group LR x1.5 (s=1)"} <= set(grid.loc[grid["n"] == 0, "setting"])
+    assert sorted(grid["setting"]) == ["no UAQ (s=1)", "s=1.5"]
     # Throughput, one row per configuration: tokens/s = mean over seeds of the mean over RL steps;
     # speed-up over the BF16 row of the same workload (the sweep's bf16 cells).
     def cfg_mean(key, cfg):

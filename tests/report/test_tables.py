@@ -48,7 +48,7 @@ def test_main_table_hand_computed():
         {"precision": "int8", "seed": 1, "acc": 0.60},
         {"precision": "int8", "seed": 2, "acc": 0.90, "status": "FAILED"},  # listed, not averaged
         {"precision": "int8", "seed": 3, "acc": 0.10, "status": "RUNNING"},
-        {"precision": "int8", "seed": 0, "acc": 0.99, "lr": 6e-5},  # an LR control: in the UAQ table only
+        {"precision": "int8", "seed": 0, "acc": 0.99, "lr": 6e-5},  # an LR control: its own row
         {"precision": "int8", "correction": "tis", "uaq_s": 1.0, "seed": 0, "acc": 0.30},
     ])
     main = T.main_table(runs)
@@ -58,20 +58,17 @@ def test_main_table_hand_computed():
     assert bf16["ci_method"] == "t"
     bf16_acr = row_of(main, precision="bf16", method="ACR")
     assert (bf16_acr["n"], bf16_acr["acc_pct"]) == (1, pytest.approx(90.0))
-    acr = row_of(main, precision="int8", method="ACR")
+    acr = row_of(main, precision="int8", method="ACR", lr_factor=1.0)
     assert (acr["n"], acr["acc_pct"], acr["not_averaged"]) == (2, pytest.approx(50.0), "1 FAILED, 1 RUNNING")
     tis = row_of(main, precision="int8", method="TIS")
     assert (tis["n"], tis["acc_pct"], tis["uaq_s"]) == (1, pytest.approx(30.0), 1.0)
     assert np.isnan(tis["acc_ci_low"]) and np.isnan(tis["acc_ci_high"])  # one seed: no interval
-    # 4 measured rows + the papers' grid rows nobody ran; the LR control is not here
-    assert 99.0 not in set(main["acc_pct"])
-    missing = main[main["n"] == 0]
-    assert sorted(zip(missing["precision"], missing["fp8_granularity"], missing["method"], missing["uaq_s"])) == [
-        ("fp8", "per_channel", "ACR", 1.5), ("fp8", "per_channel", "TIS", 1.0), ("fp8", "per_channel", "naive", 1.0),
-        ("int8", "", "naive", 1.0)]
-    assert len(main) == 4 + 4
+    # 4 measured rows + the LR control's own row; no row for a setting nobody ran
+    ctl = row_of(main, precision="int8", method="ACR", lr_factor=2.0)
+    assert (ctl["n"], ctl["acc_pct"], ctl["lr"]) == (1, pytest.approx(99.0), 6e-5)
+    assert len(main) == 5 and (main["n"] > 0).all()
     text = T.fmt.display_main(main)
-    assert (text.loc[missing.index, "acc % [95% CI]"] == "missing").all()
+    assert text.loc[ctl.name, "LR"] == "LR x2" and text.loc[acr.name, "LR"] == "ref"
     lo, hi = t_ci([40.0, 60.0])
     assert text.loc[acr.name, "acc % [95% CI]"] == f"50.0 [{lo:.1f}, {hi:.1f}]"
     assert text.loc[acr.name, "acc % per seed"] == "0: 40.0, 1: 60.0"
@@ -96,12 +93,15 @@ def test_uaq_table_settings_and_visibility():
     assert uaq.loc["LR x2 (s=1)", "lr_factor"] == 2.0
     g = uaq.loc["group LR x1.5 (s=1)"]
     assert (g["acc_pct"], g["uaq_group_lr_s"], g["lr_factor"], g["n"]) == (pytest.approx(45.0), 1.5, 1.0, 1)
-    for missing in ("s=2", "s=1.25", "LR x1.5 (s=1)", "group LR x2 (s=1)"):
-        assert uaq.loc[missing, "n"] == 0, missing
+    # the rows that ran, no placeholder for a setting nobody asked for
+    assert sorted(uaq.index) == ["LR x2 (s=1)", "group LR x1.5 (s=1)", "no UAQ (s=1)", "s=1.5"]
     assert "bf16" not in set(uaq["precision"])
-    # the per-group LR control is an ablation control: not a main-table row
+    # the controls are main-table rows of their own, never pooled with the s=1 runs they control
     main = T.main_table(runs)
-    assert 45.0 not in set(main["acc_pct"]) and 20.0 not in set(main["acc_pct"])
+    assert row_of(main, precision="int8", uaq_group_lr_s=1.5)["acc_pct"] == pytest.approx(45.0)
+    assert row_of(main, precision="int8", lr_factor=2.0)["acc_pct"] == pytest.approx(20.0)
+    no_uaq = row_of(main, precision="int8", uaq_s=1.0, lr_factor=1.0, uaq_group_lr_s=1.0)
+    assert no_uaq["acc_pct"] == pytest.approx(35.0)
 
 
 def test_throughput_speedups_never_mix_native_and_emulated_rows():
@@ -174,7 +174,7 @@ def test_missing_cells_from_expected_list():
     st = T.run_status(full)
     assert list(st["status"]) == ["MISSING"] and st.loc[0, "cell"] == 1 and "no MLflow run" in st.loc[0, "reason"]
     main = T.main_table(full)
-    acr = row_of(main, precision="int8", method="ACR")
+    acr = row_of(main, precision="int8", method="ACR", lr_factor=1.0)
     assert (acr["n"], acr["not_averaged"]) == (1, "1 MISSING")
 
 
