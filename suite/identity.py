@@ -38,6 +38,12 @@ OMITTED_AT_DEFAULT = {
     "backend.remove_padding": True,
     "backend.max_ckpt_to_keep": 0,
     "backend.param_dtype": "bf16",
+    "backend.sequence_parallel_size": 1,
+    "backend.param_offload": False,
+    "backend.optimizer_offload": False,
+    "backend.ref_param_offload": False,
+    "backend.fsdp_size": -1,
+    "backend.max_position_embeddings": 0,
 }
 
 

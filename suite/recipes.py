@@ -23,16 +23,22 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-# Short names of the sources cited below (docs/recipes_sources.md has their commits and files).
+# The sources cited below, with the commit each was read at (docs/recipes_sources.md says how);
+# `at(SCRIPT, line)` cites lines of a script.
 QURL = "QuRL arXiv 2602.13953"
 QARL = "QaRL arXiv 2604.07853"
-FLASHRL_GSM8K = "FlashRL recipe/flash_rl/gsm8k_qwen0_5b_int8.sh"
-FLASHRL_DAPO = "FlashRL recipe/flash_rl/dapo_qwen32b_int8.sh"
-VERL_DAPO_7B = "verl v0.5.0 recipe/dapo/test_dapo_7b_math.sh"
+FLASHRL_GSM8K = "FlashRL yaof20/verl@4e22f4d recipe/flash_rl/gsm8k_qwen0_5b_int8.sh"
+FLASHRL_README = "FlashRL yaof20/Flash-RL@7c82823 README (Examples: flash-int8-TIS-2, flash-int8-TIS-8)"
+VERL_DAPO_7B = "verl@3592251 recipe/dapo/test_dapo_7b_math.sh"
 VERL_DAPO_32B = "verl v0.5.0 recipe/dapo/run_dapo_qwen2.5_32b.sh"
-DEEPSCALER = "rllm scripts/deepscaler/train/deepscaler_1.5b_8k.sh"
-VERL_DEFAULT = "verl 0.9.1 default (trainer/config)"
+DEEPSCALER = "rllm scripts/deepscaler/train/deepscaler_1.5b_8k.sh (read at uiuc-kang-lab/deepscaler@f8b91f5)"
+VERL_DEFAULT = "verl 0.9.1 default"
 OURS = "ours"
+
+
+def at(script: str, *lines: int) -> str:
+    """Lines of a script as a source: 'verl@3592251 recipe/dapo/test_dapo_7b_math.sh:49,93'."""
+    return f"{script}:{','.join(map(str, lines))}"
 
 
 @dataclass(frozen=True)
@@ -57,49 +63,88 @@ class Recipe:
     slurm: dict[str, Value] = field(default_factory=dict)
 
 
+# What verl 0.9.1 does with a key no recipe sets (its trainer/config, composed with no override; a
+# test compares each entry with verl's own config): every verl recipe gets these for the keys it
+# leaves open, so a value the paper and its script never chose is verl's, never the embedded
+# backend's (the laptop's AdamW betas (0.9, 0.99) and GAE lambda 0.95 were). key -> (value, verl key).
+VERL_DEFAULTS: dict[str, tuple[Any, str]] = {
+    "train.lr": (1e-6, "actor.optim.lr"),
+    "train.weight_decay": (0.01, "actor.optim.weight_decay"),
+    "train.betas": ([0.9, 0.999], "actor.optim.betas"),
+    "train.grad_clip": (1.0, "actor.optim.clip_grad"),
+    "train.epochs": (1, "actor.ppo_epochs"),
+    "algo.gamma": (1.0, "algorithm.gamma"),
+    "algo.lam": (1.0, "algorithm.lam"),
+    "algo.norm_adv_by_std": (True, "algorithm.norm_adv_by_std_in_grpo"),
+    "algo.clip_low": (0.2, "actor.clip_ratio_low"),
+    "algo.clip_high": (0.2, "actor.clip_ratio_high"),
+    "algo.dual_clip": (3.0, "actor.clip_ratio_c"),
+    "algo.agg": ("token-mean", "actor.loss_agg_mode"),
+    "algo.kl_coef": (0.0, "actor.use_kl_loss=false"),
+    "algo.kl_estimator": ("k3", "actor.kl_loss_type=low_var_kl"),
+    "algo.critic_lr": (1e-5, "critic.optim.lr"),
+    "algo.value_clip": (0.5, "critic.cliprange_value"),
+    "algo.dynamic_sampling": (False, "algorithm.filter_groups.enable"),
+    "algo.overlong_buffer": (0, "no overlong_buffer_cfg"),
+    "rollout.temperature": (1.0, "rollout.temperature"),
+    "rollout.top_p": (1.0, "rollout.top_p"),
+    "rollout.eval_temperature": (0.0, "rollout.val_kwargs.temperature"),
+    "backend.val_n": (1, "rollout.val_kwargs.n"),
+    "backend.val_top_p": (1.0, "rollout.val_kwargs.top_p"),
+    "backend.lr_warmup_steps": (-1, "actor.optim.lr_warmup_steps"),
+    "backend.use_dynamic_bsz": (False, "actor.use_dynamic_bsz"),
+    "backend.ppo_max_token_len_per_gpu": (16384, "actor.ppo_max_token_len_per_gpu"),
+    "backend.log_prob_max_token_len_per_gpu": (16384, "rollout.log_prob_max_token_len_per_gpu"),
+    "backend.gradient_checkpointing": (True, "model.enable_gradient_checkpointing"),
+    "backend.remove_padding": (True, "model.use_remove_padding"),
+    "backend.gpu_memory_utilization": (0.5, "rollout.gpu_memory_utilization"),
+    "backend.max_num_batched_tokens": (8192, "rollout.max_num_batched_tokens"),
+    "backend.sequence_parallel_size": (1, "actor.ulysses_sequence_parallel_size"),
+    "backend.param_offload": (False, "actor.fsdp_config.param_offload"),
+    "backend.ref_param_offload": (False, "ref.fsdp_config.param_offload"),
+    "backend.optimizer_offload": (False, "actor.fsdp_config.optimizer_offload"),
+    "backend.fsdp_size": (-1, "actor.fsdp_config.fsdp_size"),
+    "correction.tis_cap": (2.0, "algorithm.rollout_correction.rollout_is_threshold"),
+}
+
 RECIPES: dict[str, Recipe] = {
     "laptop": Recipe(description="today's defaults: the embedded backend's tiny model on the synthetic tasks"),
     "qurl-gsm8k": Recipe(
         description="QuRL's PPO on GSM8K (Table 1), FlashRL's setup",
-        model="Qwen/Qwen2.5-0.5B-Instruct",
+        model="Qwen/Qwen2.5-0.5B-Instruct (" + at(FLASHRL_GSM8K, 24) + ")",
         train_data="gsm8k",
         val_data=("gsm8k",),
-        gpus="1 node x 4 GPUs (" + FLASHRL_GSM8K + ")",
+        gpus="1 node x 4 GPUs (" + at(FLASHRL_GSM8K, 50, 52) + ")",
         gpu_hours="~10-20 H100-hours per run: our rough estimate (435 steps of a 0.5B model on 4 GPUs), not measured",
         groups={"backend": "verl", "algo": "ppo"},
         values={
             "backend.dataset": Value("gsm8k", QURL + " Table 1 (2nd-hand)"),
-            "rollout.prompts_per_step": Value(256, FLASHRL_GSM8K),
+            "rollout.prompts_per_step": Value(256, at(FLASHRL_GSM8K, 19)),
             "algo.group_size": Value(1, VERL_DEFAULT + " rollout.n (PPO with a critic)"),
-            "train.minibatches": Value(4, FLASHRL_GSM8K + " ppo_mini_batch_size=64"),
-            "train.epochs": Value(1, VERL_DEFAULT + " ppo_epochs"),
-            "backend.micro_batch_size_per_gpu": Value(4, FLASHRL_GSM8K),
-            "backend.max_prompt_length": Value(1024, FLASHRL_GSM8K),
-            "rollout.max_new_tokens": Value(512, FLASHRL_GSM8K),
-            # the paper's 1e-5 (2nd-hand); FlashRL's script has actor 1e-6, critic 1e-5
+            "train.minibatches": Value(4, at(FLASHRL_GSM8K, 27) + " ppo_mini_batch_size=64 of 256"),
+            "backend.micro_batch_size_per_gpu": Value(4, at(FLASHRL_GSM8K, 28, 33, 42)),
+            "backend.max_prompt_length": Value(1024, at(FLASHRL_GSM8K, 20)),
+            "rollout.max_new_tokens": Value(512, at(FLASHRL_GSM8K, 21)),
+            # the paper's 1e-5 (2nd-hand); FlashRL's script has actor 1e-6 (line 25), critic 1e-5
             "train.lr": Value(1e-5, QURL + " (2nd-hand): 'GSM8K uses 1e-5, UAQ disabled'"),
-            "algo.critic_lr": Value(1e-5, FLASHRL_GSM8K),
-            "backend.lr_warmup_steps": Value(-1, VERL_DEFAULT + " (no warm-up)"),
-            "train.weight_decay": Value(0.01, VERL_DEFAULT),
-            "algo.clip_low": Value(0.2, VERL_DEFAULT),
-            "algo.clip_high": Value(0.2, VERL_DEFAULT),
-            "algo.dual_clip": Value(3.0, VERL_DEFAULT + " clip_ratio_c"),
-            "algo.kl_coef": Value(0.0, FLASHRL_GSM8K + " use_kl_loss=False"),
-            "rollout.temperature": Value(1.0, VERL_DEFAULT),
-            "rollout.top_p": Value(1.0, VERL_DEFAULT),
+            "algo.critic_lr": Value(1e-5, at(FLASHRL_GSM8K, 38)),
+            "algo.kl_coef": Value(0.0, at(FLASHRL_GSM8K, 31) + " use_kl_loss=False"),
             "rollout.eval_temperature": Value(0.0, QURL + " (2nd-hand): greedy decoding"),
             "backend.val_n": Value(1, QURL + " (2nd-hand): greedy decoding"),
-            "backend.val_top_p": Value(1.0, VERL_DEFAULT),
-            "backend.tensor_parallel_size": Value(1, FLASHRL_GSM8K),
-            "backend.gpu_memory_utilization": Value(0.4, FLASHRL_GSM8K),
-            "backend.use_dynamic_bsz": Value(False, FLASHRL_GSM8K),
-            "backend.gradient_checkpointing": Value(True, VERL_DEFAULT),
-            "backend.remove_padding": Value(False, FLASHRL_GSM8K),
-            "steps": Value(435, FLASHRL_GSM8K + " total_epochs=15 x 29 steps"),
-            "ckpt_every": Value(20, FLASHRL_GSM8K),
-            "eval_every": Value(10, FLASHRL_GSM8K),
+            "backend.tensor_parallel_size": Value(1, at(FLASHRL_GSM8K, 34)),
+            "backend.gpu_memory_utilization": Value(0.4, at(FLASHRL_GSM8K, 36)),
+            "backend.param_offload": Value(False, at(FLASHRL_GSM8K, 29)),
+            "backend.optimizer_offload": Value(False, at(FLASHRL_GSM8K, 30)),
+            # the script turns the critic's checkpointing off (line 41), the actor's stays verl's (on);
+            # the suite has one switch for both: the actor's
+            "backend.gradient_checkpointing": Value(True, VERL_DEFAULT + " (actor; the critic's is off at "
+                                                    + at(FLASHRL_GSM8K, 41) + ")"),
+            "backend.remove_padding": Value(False, at(FLASHRL_GSM8K, 26, 39)),
+            "steps": Value(435, at(FLASHRL_GSM8K, 55) + " total_epochs=15 x 29 steps (7,473 / 256)"),
+            "ckpt_every": Value(20, at(FLASHRL_GSM8K, 53)),
+            "eval_every": Value(10, at(FLASHRL_GSM8K, 54)),
             "backend.max_ckpt_to_keep": Value(2, OURS + ": the latest and one before it"),
-            "correction.tis_cap": Value(2.0, FLASHRL_GSM8K + " (QuRL: 'C follows FlashRL')"),
+            "correction.tis_cap": Value(2.0, FLASHRL_README + " (QuRL: 'C follows FlashRL')"),
             "uaq.s": Value(1.0, QURL + " (2nd-hand): UAQ disabled for GSM8K"),
         },
         slurm={"timeout_min": Value(720, OURS + ": a 12 h job, requeued from its checkpoint"),
@@ -108,54 +153,65 @@ RECIPES: dict[str, Recipe] = {
     ),
     "qurl-dapo": Recipe(
         description="QuRL's DAPO on DAPO-Math-17k, AIME 2024 Avg@32 (Table 2), 7B",
-        model="Qwen/Qwen2.5-Math-7B (set max_position_embeddings=32768 in its config.json, as the verl recipe says)",
+        model="Qwen/Qwen2.5-Math-7B (" + at(VERL_DAPO_7B, 37) + "; its 4,096-token context is widened by "
+              "backend.max_position_embeddings)",
         train_data="dapo-math-17k",
-        val_data=("aime24",),
-        gpus="8 nodes x 8 GPUs (" + VERL_DAPO_7B + ")",
+        val_data=("aime24-dapo",),
+        gpus="8 nodes x 8 GPUs (" + at(VERL_DAPO_7B, 33, 34) + ")",
         gpu_hours=("~5,000 H100-hours per 1,000 steps: our rough estimate (8,192 responses of ~3K tokens a step at "
                    "~2.5K tokens/s per GPU, rollout about half the step, 64 GPUs), not measured"),
         groups={"backend": "verl", "algo": "dapo"},
         values={
             "backend.dataset": Value("dapo-math-17k", QURL + " Table 2 (2nd-hand)"),
-            "rollout.prompts_per_step": Value(512, VERL_DAPO_7B + " train_prompt_bsz"),
-            "algo.group_size": Value(16, VERL_DAPO_7B + " n_resp_per_prompt"),
-            "train.minibatches": Value(16, VERL_DAPO_7B + " train_prompt_mini_bsz=32"),
-            "train.epochs": Value(1, VERL_DEFAULT + " ppo_epochs"),
-            "backend.micro_batch_size_per_gpu": Value(4, VERL_DEFAULT + " (unused with dynamic batches)"),
-            "backend.use_dynamic_bsz": Value(True, VERL_DAPO_7B),
-            "backend.ppo_max_token_len_per_gpu": Value(20480, VERL_DAPO_7B + " (prompt + response) x 2"),
-            "backend.log_prob_max_token_len_per_gpu": Value(30720, VERL_DAPO_7B + " (prompt + response) x 3"),
-            "backend.max_prompt_length": Value(2048, VERL_DAPO_7B),
-            "rollout.max_new_tokens": Value(8192, VERL_DAPO_7B + " (the 32B recipes use 20480)"),
-            "train.lr": Value(1e-6, QURL + " (2nd-hand) ablation table: s=1.5 at lr 1e-6"),
-            "backend.lr_warmup_steps": Value(10, VERL_DAPO_7B),
-            "train.weight_decay": Value(0.1, VERL_DAPO_7B),
-            "train.grad_clip": Value(1.0, VERL_DAPO_7B),
-            "algo.clip_low": Value(0.2, VERL_DAPO_7B),
-            "algo.clip_high": Value(0.28, VERL_DAPO_7B),
-            "algo.dual_clip": Value(10.0, VERL_DAPO_7B + " clip_ratio_c"),
-            "algo.agg": Value("token-mean", VERL_DAPO_7B),
-            "algo.overlong_buffer": Value(4096, VERL_DAPO_7B),
-            "algo.overlong_penalty": Value(1.0, VERL_DAPO_7B),
+            "rollout.prompts_per_step": Value(512, at(VERL_DAPO_7B, 25) + " train_prompt_bsz"),
+            "algo.group_size": Value(16, at(VERL_DAPO_7B, 26) + " n_resp_per_prompt"),
+            "train.minibatches": Value(16, at(VERL_DAPO_7B, 27) + " train_prompt_mini_bsz=32 of 512"),
+            "backend.micro_batch_size_per_gpu": Value(4, OURS + ": unused with dynamic batches"),
+            "backend.use_dynamic_bsz": Value(True, at(VERL_DAPO_7B, 50)),
+            "backend.ppo_max_token_len_per_gpu": Value(20480, at(VERL_DAPO_7B, 51) + " (prompt + response) x 2"),
+            "backend.log_prob_max_token_len_per_gpu": Value(30720, at(VERL_DAPO_7B, 52) + " (prompt + response) x 3"),
+            "backend.max_prompt_length": Value(2048, at(VERL_DAPO_7B, 17)),
+            "rollout.max_new_tokens": Value(8192, at(VERL_DAPO_7B, 18) + " (the 32B recipes use 20480)"),
+            "train.lr": Value(1e-6, QURL + " (2nd-hand) ablation table: s=1.5 at lr 1e-6; " + at(VERL_DAPO_7B, 84)),
+            "backend.lr_warmup_steps": Value(10, at(VERL_DAPO_7B, 85)),
+            "train.weight_decay": Value(0.1, at(VERL_DAPO_7B, 86)),
+            "train.grad_clip": Value(1.0, at(VERL_DAPO_7B, 91)),
+            "algo.clip_low": Value(0.2, at(VERL_DAPO_7B, 14)),
+            "algo.clip_high": Value(0.28, at(VERL_DAPO_7B, 15)),
+            "algo.dual_clip": Value(10.0, at(VERL_DAPO_7B, 73) + " clip_ratio_c"),
+            "algo.agg": Value("token-mean", at(VERL_DAPO_7B, 23)),
+            "algo.overlong_buffer": Value(4096, at(VERL_DAPO_7B, 20)),
+            "algo.overlong_penalty": Value(1.0, at(VERL_DAPO_7B, 21)),
             "algo.dynamic_sampling": Value(True, VERL_DAPO_32B + " filter_groups (the 7B script runs without)"),
             # embedded only: verl's v1 trainer refills the batch without a bound on generation rounds
             "algo.max_resample_rounds": Value(9, VERL_DAPO_32B + " max_num_gen_batches=10 (embedded runs only)"),
-            "algo.kl_coef": Value(0.0, VERL_DAPO_7B + " use_kl_loss=False"),
-            "rollout.temperature": Value(1.0, VERL_DAPO_7B),
-            "rollout.top_p": Value(1.0, VERL_DAPO_7B),
-            "rollout.eval_temperature": Value(1.0, VERL_DAPO_7B + " val_kwargs"),
-            "backend.val_top_p": Value(0.7, VERL_DAPO_7B + " val_kwargs"),
+            "algo.kl_coef": Value(0.0, at(VERL_DAPO_7B, 11, 12) + " use_kl_loss=False"),
+            "rollout.temperature": Value(1.0, at(VERL_DAPO_7B, 43)),
+            "rollout.top_p": Value(1.0, at(VERL_DAPO_7B, 44)),
+            "rollout.eval_temperature": Value(1.0, at(VERL_DAPO_7B, 101) + " val_kwargs.temperature"),
+            "backend.val_top_p": Value(0.7, at(VERL_DAPO_7B, 46)),
             "backend.val_n": Value(32, QURL + " Table 2 (2nd-hand): AIME 2024 Avg@32"),
-            "backend.tensor_parallel_size": Value(4, VERL_DAPO_7B + " gen_tp"),
-            "backend.gpu_memory_utilization": Value(0.8, VERL_DAPO_7B),
-            "backend.max_num_batched_tokens": Value(10240, VERL_DAPO_7B + " prompt + response"),
-            "backend.gradient_checkpointing": Value(True, VERL_DAPO_7B),
-            "backend.remove_padding": Value(True, VERL_DAPO_7B),
+            "backend.tensor_parallel_size": Value(4, at(VERL_DAPO_7B, 54) + " gen_tp"),
+            "backend.gpu_memory_utilization": Value(0.8, at(VERL_DAPO_7B, 94)),
+            "backend.max_num_batched_tokens": Value(10240, at(VERL_DAPO_7B, 97) + " prompt + response"),
+            "backend.gradient_checkpointing": Value(True, at(VERL_DAPO_7B, 83)),
+            "backend.remove_padding": Value(True, at(VERL_DAPO_7B, 74)),
+            # the 7B script's memory layout: Ulysses SP 4 (actor and reference), parameters, optimizer and
+            # reference offloaded, and the context window widened to 32K tokens
+            "backend.sequence_parallel_size": Value(4, at(VERL_DAPO_7B, 49, 93, 107)),
+            "backend.param_offload": Value(True, at(VERL_DAPO_7B, 53, 88)),
+            "backend.optimizer_offload": Value(True, at(VERL_DAPO_7B, 53, 89)),
+            "backend.ref_param_offload": Value(True, at(VERL_DAPO_7B, 53, 106)),
+            "backend.max_position_embeddings": Value(32768, at(VERL_DAPO_7B, 75)),
+            # the script's fsdp_size=32 (line 55) shards over 32 of its 64 GPUs: a cluster-shape choice that must
+            # divide the GPUs a run has, so the recipe leaves it to verl (all GPUs); set it with the profile
+            "backend.fsdp_size": Value(-1, OURS + ": " + at(VERL_DAPO_7B, 55) + "'s 32 assumes 8 x 8 GPUs; -1 = "
+                                       "shard over all of the run's GPUs"),
             "steps": Value(1000, QURL + " (2nd-hand): the KL drift plotted over 1,000 steps"),
-            "ckpt_every": Value(10, VERL_DAPO_7B),
-            "eval_every": Value(10, VERL_DAPO_7B),
+            "ckpt_every": Value(10, at(VERL_DAPO_7B, 122)),
+            "eval_every": Value(10, at(VERL_DAPO_7B, 121)),
             "backend.max_ckpt_to_keep": Value(2, OURS + ": the latest and one before it (~90 GB each at 7B)"),
-            "correction.tis_cap": Value(8.0, FLASHRL_DAPO + " (QuRL: 'C follows FlashRL')"),
+            "correction.tis_cap": Value(8.0, FLASHRL_README + " (QuRL: 'C follows FlashRL')"),
             "uaq.s": Value(1.5, QURL + " (2nd-hand): s=1.5 best, 2.0 worse"),
         },
         slurm={"timeout_min": Value(2880, OURS + ": a 48 h job, requeued from its checkpoint"),
@@ -163,48 +219,48 @@ RECIPES: dict[str, Recipe] = {
                "mem_gb": Value(1024, OURS + ": FSDP offload of a 7B actor + optimizer")},
     ),
     "qurl-deepscaler": Recipe(
-        description="QuRL's GRPO on DeepScaleR data, five benchmarks Avg@32 (Table 3), DeepScaleR's 8K stage",
-        model="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B (inferred from the base row: docs/recipes_sources.md)",
+        description="QuRL's GRPO on DeepScaleR data, five benchmarks Avg@32 (Table 3), DeepScaleR's 8K stage, 7B",
+        model=("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B (QuRL's text: '7B + DeepScaleR'; its base row matches the "
+               "1.5B distill's published scores instead: docs/recipes_sources.md)"),
         train_data="deepscaler",
-        val_data=("aime24", "amc", "math"),  # + Minerva and OlympiadBench, which `suite data prepare` does not read
-        gpus="1 node x 8 GPUs (" + DEEPSCALER + ")",
-        gpu_hours=("DeepScaleR reports ~3,800 A100-hours for its three stages (8K, 16K, 24K); this 8K stage is "
-                   "a part of that; not measured here"),
+        val_data=("aime24", "amc", "math500", "minerva", "olympiadbench"),
+        gpus="1 node x 8 GPUs (" + at(DEEPSCALER, 62, 63) + ", for the 1.5B model)",
+        gpu_hours=("DeepScaleR reports ~3,800 A100-hours for its three 1.5B stages (8K, 16K, 24K); a 7B 8K stage of "
+                   "1,040 steps: our rough estimate ~4x the 1.5B's 8K stage, not measured"),
         groups={"backend": "verl", "algo": "grpo"},
         values={
             "backend.dataset": Value("deepscaler", QURL + " Table 3 (2nd-hand)"),
-            "rollout.prompts_per_step": Value(128, DEEPSCALER),
-            "algo.group_size": Value(8, DEEPSCALER),
-            "train.minibatches": Value(2, DEEPSCALER + " ppo_mini_batch_size=64"),
-            "train.epochs": Value(1, DEEPSCALER),
-            "backend.micro_batch_size_per_gpu": Value(4, VERL_DEFAULT + " (unused with dynamic batches)"),
-            "backend.use_dynamic_bsz": Value(True, DEEPSCALER),
-            "backend.ppo_max_token_len_per_gpu": Value(32768, DEEPSCALER),
-            "backend.log_prob_max_token_len_per_gpu": Value(32768, DEEPSCALER),
-            "backend.max_prompt_length": Value(1024, DEEPSCALER),
-            "rollout.max_new_tokens": Value(8192, DEEPSCALER),
-            "train.lr": Value(1e-6, DEEPSCALER),
-            "backend.lr_warmup_steps": Value(-1, VERL_DEFAULT + " (no warm-up)"),
-            "train.weight_decay": Value(0.01, VERL_DEFAULT),
-            "algo.clip_low": Value(0.2, VERL_DEFAULT),
-            "algo.clip_high": Value(0.2, VERL_DEFAULT),
-            "algo.dual_clip": Value(3.0, VERL_DEFAULT + " clip_ratio_c"),
-            "algo.kl_coef": Value(0.001, QURL + " (2nd-hand): k3 KL, coefficient 1e-3"),
-            "algo.kl_estimator": Value("k3", QURL + " (2nd-hand): k3 KL"),
-            "rollout.temperature": Value(0.6, DEEPSCALER),
-            "rollout.top_p": Value(1.0, DEEPSCALER),
-            "rollout.eval_temperature": Value(0.6, DEEPSCALER),
+            "rollout.prompts_per_step": Value(128, at(DEEPSCALER, 31)),
+            "algo.group_size": Value(8, at(DEEPSCALER, 53)),
+            "train.minibatches": Value(2, at(DEEPSCALER, 38) + " ppo_mini_batch_size=64 of 128"),
+            "backend.micro_batch_size_per_gpu": Value(4, OURS + ": unused with dynamic batches"),
+            "backend.use_dynamic_bsz": Value(True, at(DEEPSCALER, 39)),
+            "backend.ppo_max_token_len_per_gpu": Value(32768, at(DEEPSCALER, 40)),
+            "backend.log_prob_max_token_len_per_gpu": Value(32768, VERL_DEFAULT + " = actor.ppo_max_token_len_per_gpu ("
+                                                            + at(DEEPSCALER, 40) + ")"),
+            "backend.max_prompt_length": Value(1024, at(DEEPSCALER, 33)),
+            "rollout.max_new_tokens": Value(8192, at(DEEPSCALER, 34)),
+            "train.lr": Value(1e-6, at(DEEPSCALER, 36)),
+            "algo.kl_coef": Value(0.001, QURL + " (2nd-hand): k3 KL, coefficient 1e-3; " + at(DEEPSCALER, 41, 42)),
+            "algo.kl_estimator": Value("k3", QURL + " (2nd-hand): k3 KL; " + at(DEEPSCALER, 43)),
+            "rollout.temperature": Value(0.6, at(DEEPSCALER, 50)),
+            "rollout.eval_temperature": Value(0.6, at(DEEPSCALER, 51)),
             "backend.val_top_p": Value(0.95, "rllm scripts/eval/eval_model.sh"),
             "backend.val_n": Value(32, QURL + " Table 3 (2nd-hand): Avg@32"),
-            "backend.tensor_parallel_size": Value(1, DEEPSCALER),
-            "backend.gpu_memory_utilization": Value(0.85, DEEPSCALER),
-            "backend.gradient_checkpointing": Value(True, DEEPSCALER),
-            "backend.remove_padding": Value(True, DEEPSCALER),
+            "backend.tensor_parallel_size": Value(1, at(DEEPSCALER, 48)),
+            "backend.gpu_memory_utilization": Value(0.85, at(DEEPSCALER, 52)),
+            "backend.gradient_checkpointing": Value(True, at(DEEPSCALER, 45)),
+            "backend.remove_padding": Value(True, at(DEEPSCALER, 37)),
+            "backend.sequence_parallel_size": Value(1, at(DEEPSCALER, 44)),
+            "backend.param_offload": Value(False, at(DEEPSCALER, 46)),
+            "backend.optimizer_offload": Value(False, at(DEEPSCALER, 47)),
+            "backend.ref_param_offload": Value(True, at(DEEPSCALER, 55)),
             "steps": Value(1040, "rllm README: the 8K stage ran 1,040 steps"),
-            "ckpt_every": Value(20, DEEPSCALER),
-            "eval_every": Value(20, DEEPSCALER),
+            "ckpt_every": Value(20, at(DEEPSCALER, 64)),
+            "eval_every": Value(20, at(DEEPSCALER, 65)),
             "backend.max_ckpt_to_keep": Value(2, OURS + ": the latest and one before it"),
-            "correction.tis_cap": Value(2.0, OURS + ": FlashRL's C for a small model (not stated for this task)"),
+            "correction.tis_cap": Value(2.0, OURS + ": FlashRL's C for GSM8K (" + FLASHRL_README + "); not stated for "
+                                        "this task"),
             "uaq.s": Value(1.5, QURL + " (2nd-hand): the 'w/ UAQ' row"),
         },
         slurm={"timeout_min": Value(2880, OURS + ": a 48 h job, requeued from its checkpoint"),
@@ -213,9 +269,10 @@ RECIPES: dict[str, Recipe] = {
     ),
     "qarl-math": Recipe(
         description="QaRL's GRPO with W4A16 rollouts on Qwen2.5-Math, 16K-token responses (Tables 1-2)",
-        model="Qwen/Qwen2.5-Math-1.5B or -7B (set max_position_embeddings=32768 in config.json for 2K+16K tokens)",
-        train_data="",  # OpenR1-Math-46K (2nd-hand), which `suite data prepare` does not read
-        val_data=("aime24", "aime25", "amc", "math"),
+        model="Qwen/Qwen2.5-Math-1.5B or -7B (" + QARL + " Table 1; backend.max_position_embeddings widens their "
+              "4,096-token context to 2K + 16K tokens)",
+        train_data="openr1-math",
+        val_data=("aime24", "aime25", "amc", "math500", "minerva", "olympiadbench"),
         gpus="1 node x 8 H800 (" + QARL + " Table 2)",
         gpu_hours="not stated by the paper; ~1,000 H100-hours for 300 steps of 1.5B: our rough estimate, not measured",
         groups={"backend": "verl", "algo": "grpo", "quant": "w4a16", "correction": "tbpo"},
@@ -223,37 +280,27 @@ RECIPES: dict[str, Recipe] = {
             "backend.dataset": Value("openr1-math-46k", QARL + " (2nd-hand): OpenR1-Math-46K"),
             "rollout.prompts_per_step": Value(512, QARL + " Table 2 data.train_batch_size"),
             "algo.group_size": Value(8, QARL + " Table 2 rollout.n"),
-            "train.minibatches": Value(16, VERL_DAPO_7B + " mini-batch of 32 prompts (not stated)"),
-            "train.epochs": Value(1, VERL_DEFAULT + " ppo_epochs"),
-            "backend.micro_batch_size_per_gpu": Value(4, VERL_DEFAULT + " (unused with dynamic batches)"),
-            "backend.use_dynamic_bsz": Value(True, VERL_DAPO_7B),
-            "backend.ppo_max_token_len_per_gpu": Value(36864, VERL_DAPO_7B + " (prompt + response) x 2"),
-            "backend.log_prob_max_token_len_per_gpu": Value(55296, VERL_DAPO_7B + " (prompt + response) x 3"),
+            "train.minibatches": Value(16, OURS + ": " + at(VERL_DAPO_7B, 27) + "'s mini-batch of 32 prompts (not "
+                                       "stated)"),
+            "backend.micro_batch_size_per_gpu": Value(4, OURS + ": unused with dynamic batches"),
+            "backend.use_dynamic_bsz": Value(True, OURS + ": " + at(VERL_DAPO_7B, 50) + " (not stated)"),
+            "backend.ppo_max_token_len_per_gpu": Value(36864, OURS + ": (prompt + response) x 2 as "
+                                                       + at(VERL_DAPO_7B, 51)),
+            "backend.log_prob_max_token_len_per_gpu": Value(55296, OURS + ": (prompt + response) x 3 as "
+                                                            + at(VERL_DAPO_7B, 52)),
             "backend.max_prompt_length": Value(2048, QARL + " Table 2"),
             "rollout.max_new_tokens": Value(16384, QARL + " Table 2"),
-            # QaRL trains with Muon (2nd-hand); verl's actor has AdamW only
-            "train.lr": Value(1e-6, VERL_DEFAULT + " (QaRL's Muon is not in verl; lr not stated)"),
-            "backend.lr_warmup_steps": Value(-1, VERL_DEFAULT + " (no warm-up)"),
-            "train.weight_decay": Value(0.01, VERL_DEFAULT),
-            "algo.clip_low": Value(0.2, VERL_DEFAULT),
-            "algo.clip_high": Value(0.2, VERL_DEFAULT),
-            "algo.dual_clip": Value(3.0, VERL_DEFAULT + " clip_ratio_c"),
-            "algo.kl_coef": Value(0.0, VERL_DEFAULT + " use_kl_loss=false"),
+            "backend.max_position_embeddings": Value(32768, OURS + ": 2K + 16K tokens need more than the models' "
+                                                     "4,096, as " + at(VERL_DAPO_7B, 75)),
+            # QaRL trains with Muon (2nd-hand); verl's actor has AdamW only: lr, betas, decay are verl's
             "correction.tbpo_delta_pos": Value(4e-4, QARL + " (2nd-hand): seq_clip_ratio_high"),
             "correction.tbpo_delta_neg_low": Value(3e-4, QARL + " (2nd-hand): neg_seq_clip_ratio_low"),
             "correction.tbpo_delta_neg_high": Value(7e-4, QARL + " (2nd-hand): neg_seq_clip_ratio_high"),
             "correction.tbpo_seq_cap": Value(2.0, QARL + " (2nd-hand): seq_tis_imp_ratio_cap"),
             "correction.aligned_forward": Value(True, QARL + ": the rollout-aligned training forward"),
             "quant.group_size": Value(128, OURS + ": W4A16's usual group (QaRL does not state it)"),
-            "rollout.temperature": Value(1.0, VERL_DEFAULT),
-            "rollout.top_p": Value(1.0, VERL_DEFAULT),
-            "rollout.eval_temperature": Value(0.0, VERL_DEFAULT + " val_kwargs (QaRL: pass@1, n not stated)"),
-            "backend.val_n": Value(1, VERL_DEFAULT + " val_kwargs"),
-            "backend.val_top_p": Value(1.0, VERL_DEFAULT + " val_kwargs"),
-            "backend.tensor_parallel_size": Value(1, VERL_DEFAULT),
-            "backend.gpu_memory_utilization": Value(0.5, VERL_DEFAULT),
-            "backend.gradient_checkpointing": Value(True, VERL_DEFAULT),
-            "backend.remove_padding": Value(True, VERL_DEFAULT),
+            "backend.tensor_parallel_size": Value(1, OURS + ": one GPU per rollout replica of a 1.5B / 7B model "
+                                                  "(verl's default is 2; not stated)"),
             "steps": Value(300, OURS + " (not stated)"),
             "ckpt_every": Value(20, OURS + " (not stated)"),
             "eval_every": Value(20, OURS + " (not stated)"),
@@ -279,10 +326,22 @@ def _nested(values: dict[str, Value]) -> dict:
     return out
 
 
+def resolved_values(name: str) -> dict[str, Value]:
+    """Every value recipe ``name`` sets: its own, then verl's default (VERL_DEFAULTS) for each key it
+    leaves open, in that order. The laptop recipe sets nothing."""
+    r = RECIPES[name]
+    if r.groups.get("backend") != "verl":
+        return dict(r.values)
+    values = dict(r.values)
+    for key, (value, verl_key) in VERL_DEFAULTS.items():
+        values.setdefault(key, Value(value, f"{VERL_DEFAULT} ({verl_key}); the paper and its script leave it open"))
+    return values
+
+
 def register(cs: ConfigStore) -> None:
     """Store each recipe as `recipe/<name>` in the ConfigStore (package `_global_`)."""
     for name, r in RECIPES.items():
-        values = dict(r.values)
+        values = resolved_values(name)
         if r.groups.get("backend") == "verl":
             values["backend.recipe"] = Value(name, OURS)
         defaults = [{f"override /{g}": choice} for g, choice in r.groups.items()] + ["_self_"]
@@ -298,7 +357,7 @@ def recipe_rows(name: str) -> list[tuple[str, Any, str]]:
     """(key, value, source) of every setting of recipe ``name``: group choices, values, SLURM."""
     r = RECIPES[name]
     rows = [(g, choice, "the experiment") for g, choice in r.groups.items()]
-    rows += [(k, v.value, v.source) for k, v in r.values.items()]
+    rows += [(k, v.value, v.source) for k, v in resolved_values(name).items()]
     rows += [(f"resources.{k}", v.value, v.source) for k, v in r.slurm.items()]
     return rows
 

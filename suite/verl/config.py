@@ -71,6 +71,16 @@ class VerlBackendConfig(BackendConfig):
     # bf16 = verl's default (master weights and optimizer fp32 either way); fp32 = no mixed precision,
     # the embedded trainer's default numerics (train.autocast=fp32)
     param_dtype: str = "bf16"
+    # Memory layout of the trained models (verl's FSDP workers); the 7B / 32B DAPO scripts set them
+    # (suite.recipes). Defaults are verl's own.
+    sequence_parallel_size: int = 1  # Ulysses sequence parallelism of the actor and the reference (GPUs per sequence)
+    param_offload: bool = False  # FSDP parameter offload to CPU (actor)
+    optimizer_offload: bool = False  # FSDP optimizer-state offload to CPU (actor)
+    ref_param_offload: bool = False  # FSDP parameter offload to CPU (reference model, when a KL term uses one)
+    fsdp_size: int = -1  # GPUs one FSDP group shards over (-1: all of them)
+    # the model's context window for trainer and rollout (config.json max_position_embeddings
+    # overridden; 0 = the checkpoint's own). Qwen2.5-Math ships 4096, too short for 2K + 8K tokens
+    max_position_embeddings: int = 0
     extra_overrides: List[str] = field(default_factory=list)  # verl Hydra overrides appended verbatim (last wins)
 
 
@@ -194,6 +204,18 @@ def validate_verl(cfg: DictConfig) -> None:
     check_number(cfg, "backend.val_top_p", 0, 1, lo_open=True)
     check(b.lr_warmup_steps >= -1, "backend.lr_warmup_steps", "must be >= 0, or -1 for verl's default")
     check(b.max_ckpt_to_keep >= 0, "backend.max_ckpt_to_keep", "must be >= 0 (0 keeps all)")
+    gpus = b.nnodes * b.n_gpus_per_node
+    sp = b.sequence_parallel_size
+    check(sp >= 1 and b.n_gpus_per_node % sp == 0, "backend.sequence_parallel_size",
+          f"must be >= 1 and divide backend.n_gpus_per_node={b.n_gpus_per_node}, got {sp}")
+    check(b.fsdp_size == -1 or (b.fsdp_size >= 1 and gpus % b.fsdp_size == 0), "backend.fsdp_size",
+          f"must be -1 (all GPUs) or divide the run's {gpus} GPUs (backend.nnodes x backend.n_gpus_per_node), "
+          f"got {b.fsdp_size}")
+    if b.max_position_embeddings:
+        longest = b.max_prompt_length + cfg.rollout.max_new_tokens
+        check(b.max_position_embeddings >= longest, "backend.max_position_embeddings",
+              f"must be 0 (the checkpoint's own) or hold backend.max_prompt_length + rollout.max_new_tokens = "
+              f"{longest}, got {b.max_position_embeddings}")
     if b.use_dynamic_bsz:
         longest = b.max_prompt_length + cfg.rollout.max_new_tokens
         for key in ("ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):

@@ -59,6 +59,115 @@ ROLLOUT_QUANT_ENV = "SUITE_ROLLOUT_QUANT"
 KL_TYPES = {"k1": "k1", "k2": "k2", "k3": "low_var_kl"}  # suite algo.kl_estimator -> verl kl_loss_type
 ADV_ESTIMATORS = {"ppo": "gae", "grpo": "grpo", "dapo": "grpo"}
 
+AR = "actor_rollout_ref"
+# Where each verl key the translator sets comes from: verl key (or a prefix of keys) -> the suite
+# keys its value is computed from. With SUITE_CHOICES it covers every key on which a translated
+# config differs from verl's own defaults; tests/verl/test_recipes.py checks that each such key
+# of a paper recipe is fed by a key the recipe (or the run's axes, or the user's paths) sets.
+VERL_SOURCES: dict[str, tuple[str, ...]] = {
+    "algorithm.adv_estimator": ("algo.name",),
+    "algorithm.norm_adv_by_std_in_grpo": ("algo.norm_adv_by_std",),
+    "algorithm.gamma": ("algo.gamma",),
+    "algorithm.lam": ("algo.lam", "algo.name"),
+    "algorithm.filter_groups": ("algo.dynamic_sampling",),
+    "algorithm.rollout_correction": ("correction.mode", "correction.tis_cap"),
+    "data.train_files": ("backend.train_files",),
+    "data.val_files": ("backend.val_files",),
+    "data.train_batch_size": ("rollout.prompts_per_step",),
+    "data.max_prompt_length": ("backend.max_prompt_length",),
+    "data.max_response_length": ("rollout.max_new_tokens",),
+    "data.seed": ("seed",),
+    f"{AR}.model.path": ("backend.model_path", "uaq.s"),
+    f"{AR}.model.enable_gradient_checkpointing": ("backend.gradient_checkpointing",),
+    f"{AR}.model.use_remove_padding": ("backend.remove_padding",),
+    f"{AR}.model.override_config.max_position_embeddings": ("backend.max_position_embeddings",),
+    f"{AR}.actor.optim.lr": ("train.lr",),
+    f"{AR}.actor.optim.weight_decay": ("train.weight_decay",),
+    f"{AR}.actor.optim.betas": ("train.betas",),
+    f"{AR}.actor.optim.clip_grad": ("train.grad_clip",),
+    f"{AR}.actor.optim.lr_warmup_steps": ("backend.lr_warmup_steps",),
+    f"{AR}.actor.ppo_epochs": ("train.epochs",),
+    f"{AR}.actor.ppo_mini_batch_size": ("rollout.prompts_per_step", "train.minibatches"),
+    f"{AR}.actor.ppo_micro_batch_size_per_gpu": ("backend.micro_batch_size_per_gpu",),
+    f"{AR}.actor.use_dynamic_bsz": ("backend.use_dynamic_bsz",),
+    f"{AR}.actor.ppo_max_token_len_per_gpu": ("backend.ppo_max_token_len_per_gpu",),
+    f"{AR}.actor.clip_ratio_low": ("algo.clip_low",),
+    f"{AR}.actor.clip_ratio_high": ("algo.clip_high",),
+    f"{AR}.actor.clip_ratio_c": ("algo.dual_clip",),
+    f"{AR}.actor.loss_agg_mode": ("algo.agg",),
+    f"{AR}.actor.use_kl_loss": ("algo.kl_coef",),
+    f"{AR}.actor.kl_loss_coef": ("algo.kl_coef",),
+    f"{AR}.actor.kl_loss_type": ("algo.kl_estimator",),
+    f"{AR}.actor.data_loader_seed": ("seed",),
+    f"{AR}.actor.policy_loss.loss_mode": ("correction.mode",),
+    f"{AR}.actor.ulysses_sequence_parallel_size": ("backend.sequence_parallel_size",),
+    f"{AR}.actor.fsdp_config.param_offload": ("backend.param_offload",),
+    f"{AR}.actor.fsdp_config.optimizer_offload": ("backend.optimizer_offload",),
+    f"{AR}.actor.fsdp_config.fsdp_size": ("backend.fsdp_size",),
+    f"{AR}.ref.ulysses_sequence_parallel_size": ("backend.sequence_parallel_size",),
+    f"{AR}.ref.fsdp_config.param_offload": ("backend.ref_param_offload",),
+    f"{AR}.ref.log_prob_micro_batch_size_per_gpu": ("backend.micro_batch_size_per_gpu",),
+    f"{AR}.ref.log_prob_max_token_len_per_gpu": ("backend.log_prob_max_token_len_per_gpu",),
+    f"{AR}.rollout.n": ("algo.group_size",),
+    f"{AR}.rollout.temperature": ("rollout.temperature",),
+    f"{AR}.rollout.top_p": ("rollout.top_p",),
+    f"{AR}.rollout.seed": ("seed",),
+    f"{AR}.rollout.tensor_model_parallel_size": ("backend.tensor_parallel_size",),
+    f"{AR}.rollout.gpu_memory_utilization": ("backend.gpu_memory_utilization",),
+    f"{AR}.rollout.max_num_batched_tokens": ("backend.max_num_batched_tokens",),
+    f"{AR}.rollout.log_prob_micro_batch_size_per_gpu": ("backend.micro_batch_size_per_gpu",),
+    f"{AR}.rollout.log_prob_max_token_len_per_gpu": ("backend.log_prob_max_token_len_per_gpu",),
+    f"{AR}.rollout.val_kwargs.temperature": ("rollout.eval_temperature",),
+    f"{AR}.rollout.val_kwargs.do_sample": ("rollout.eval_temperature",),
+    f"{AR}.rollout.val_kwargs.n": ("backend.val_n",),
+    f"{AR}.rollout.val_kwargs.top_p": ("backend.val_top_p",),
+    f"{AR}.rollout.engine_kwargs.vllm": ("quant.precision", "quant.fp8_granularity"),  # suite.verl.rollout_quant
+    "critic.enable": ("algo.name",),
+    "critic.model.path": ("backend.model_path", "uaq.s"),
+    "critic.optim.lr": ("algo.critic_lr",),
+    "critic.cliprange_value": ("algo.value_clip",),
+    "critic.ppo_micro_batch_size_per_gpu": ("backend.micro_batch_size_per_gpu",),
+    "critic.ppo_max_token_len_per_gpu": ("backend.ppo_max_token_len_per_gpu",),
+    "critic.model.enable_gradient_checkpointing": ("backend.gradient_checkpointing",),
+    "critic.model.use_remove_padding": ("backend.remove_padding",),
+    "reward.reward_manager.name": ("algo.name",),
+    "reward.reward_kwargs": ("algo.overlong_buffer", "algo.overlong_penalty", "rollout.max_new_tokens"),
+    "ray_kwargs.ray_init.runtime_env.env_vars": ("correction.mode", "quant.precision", "quant.group_size",
+                                                 "correction.aligned_forward"),
+    "trainer.total_training_steps": ("steps",),
+    "trainer.test_freq": ("eval_every",),
+    "trainer.save_freq": ("ckpt_every",),
+    "trainer.max_actor_ckpt_to_keep": ("backend.max_ckpt_to_keep",),
+    "trainer.max_critic_ckpt_to_keep": ("backend.max_ckpt_to_keep",),
+    "trainer.nnodes": ("backend.nnodes",),
+    "trainer.n_gpus_per_node": ("backend.n_gpus_per_node",),
+}
+# verl keys the suite sets whatever the run, each with the reason (the rest of a translated config is verl's).
+SUITE_CHOICES: dict[str, str] = {
+    "algorithm.use_kl_in_reward": "KL, when on, is a loss term (actor.use_kl_loss), as in the scripts the recipes cite",
+    "data.filter_overlong_prompts": "a prompt over the budget is dropped, never cut (FlashRL's GSM8K script)",
+    "data.truncation": "with overlong prompts filtered, truncation never happens; 'error' says so if it did",
+    f"{AR}.actor.entropy_coeff": "0, as every script the recipes cite",
+    f"{AR}.rollout.name": "vLLM serves every rollout",
+    f"{AR}.rollout.calculate_log_probs": "pi_behav from the rollout engine: the rollout_corr/ mismatch metrics",
+    "trainer.val_before_train": "the held-out accuracy at step 0, before training",
+    "trainer.resume_mode": "a requeued SLURM job resumes from the run's last checkpoint",
+    "trainer.logger": "metrics go to the suite's MLflow run (and the console)",
+    "trainer.project_name": "the MLflow experiment (tracking.experiment)",
+    "trainer.experiment_name": "the MLflow run name (suite.identity.run_name)",
+    "trainer.default_local_dir": "checkpoints inside the run's own directory",
+}
+
+
+def verl_key_sources(verl_key: str) -> tuple[str, ...] | None:
+    """The suite keys a verl key's value is computed from (VERL_SOURCES, longest prefix first), or
+    None when the suite sets it on its own (SUITE_CHOICES) or does not set it."""
+    for prefix in sorted(VERL_SOURCES, key=len, reverse=True):
+        if verl_key == prefix or verl_key.startswith(prefix + "."):
+            return VERL_SOURCES[prefix]
+    return None
+
+
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:@-]+$")
 
 
@@ -175,10 +284,10 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"{ar}.actor.clip_ratio_c={_f(a.dual_clip if a.dual_clip is not None else DUAL_CLIP_OFF)}",
         f"{ar}.actor.loss_agg_mode={a.agg}",
         f"{ar}.actor.use_kl_loss={_b(a.kl_coef > 0)}",
-        f"{ar}.actor.kl_loss_coef={_f(a.kl_coef)}",
         f"{ar}.actor.kl_loss_type={KL_TYPES[a.kl_estimator]}",
         f"{ar}.actor.entropy_coeff=0.0",
         f"{ar}.actor.data_loader_seed={cfg.seed}",
+        *([f"{ar}.actor.kl_loss_coef={_f(a.kl_coef)}"] if a.kl_coef > 0 else []),  # else verl's, unused
         f"{ar}.actor.policy_loss.loss_mode={mode if CORRECTIONS[mode].verl == 'plugin' else 'vanilla'}",
         # rollout: vLLM, G samples per prompt, rollout log-probs always (mismatch metrics)
         f"{ar}.rollout.name=vllm",
@@ -198,7 +307,16 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"{ar}.rollout.seed={cfg.seed}",
         f"{ar}.ref.log_prob_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
         f"{ar}.ref.log_prob_max_token_len_per_gpu={b.log_prob_max_token_len_per_gpu}",
+        # memory layout of the trained models
+        f"{ar}.actor.ulysses_sequence_parallel_size={b.sequence_parallel_size}",
+        f"{ar}.ref.ulysses_sequence_parallel_size={b.sequence_parallel_size}",
+        f"{ar}.actor.fsdp_config.param_offload={_b(b.param_offload)}",
+        f"{ar}.actor.fsdp_config.optimizer_offload={_b(b.optimizer_offload)}",
+        f"{ar}.ref.fsdp_config.param_offload={_b(b.ref_param_offload)}",
+        f"{ar}.actor.fsdp_config.fsdp_size={b.fsdp_size}",
     ]
+    if b.max_position_embeddings:  # the trainer's and (through verl) vLLM's context window
+        o.append(f"+{ar}.model.override_config.max_position_embeddings={b.max_position_embeddings}")
     # the trainer's compute dtype: FSDP mixed precision (verl: param_dtype bf16 when none is given)
     if b.param_dtype != "bf16":
         mp = f"{{param_dtype:{b.param_dtype},reduce_dtype:fp32,buffer_dtype:fp32}}"
@@ -229,7 +347,6 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
             f"critic.optim.lr={_f(a.critic_lr)}",
             f"critic.cliprange_value={_f(a.value_clip)}",
             f"critic.ppo_micro_batch_size_per_gpu={b.micro_batch_size_per_gpu}",
-            f"critic.ppo_max_token_len_per_gpu={b.ppo_max_token_len_per_gpu}",
             f"critic.model.enable_gradient_checkpointing={_b(b.gradient_checkpointing)}",
             f"critic.model.use_remove_padding={_b(b.remove_padding)}",
         ]
@@ -355,6 +472,8 @@ def validate_verl_config(vcfg: DictConfig) -> None:
 
 __all__ = [
     "NEVER_TRUNCATE",
+    "SUITE_CHOICES",
+    "VERL_SOURCES",
     "VerlConfigComposer",
     "W8A8_QUANT_CONFIG",
     "compose_verl_config",
@@ -364,5 +483,6 @@ __all__ = [
     "uaq_model_dir",
     "validate_verl_config",
     "verl_command",
+    "verl_key_sources",
     "verl_overrides",
 ]

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from suite.recipes import RECIPES, recipe_rows
+from suite.recipes import RECIPES, recipe_rows, resolved_values
 
 pytestmark = pytest.mark.verl
 
@@ -37,7 +37,6 @@ SAME = {
     "algo.clip_high": f"{AR}.actor.clip_ratio_high",
     "algo.dual_clip": f"{AR}.actor.clip_ratio_c",
     "algo.agg": f"{AR}.actor.loss_agg_mode",
-    "algo.kl_coef": f"{AR}.actor.kl_loss_coef",
     "algo.overlong_buffer": "reward.reward_kwargs.overlong_buffer_cfg.len",
     "algo.overlong_penalty": "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor",
     "algo.dynamic_sampling": "algorithm.filter_groups.enable",
@@ -94,7 +93,7 @@ def test_the_dry_run_runs_every_value_of_the_recipe(tmp_path, tiny_qwen2, compos
     proc = _dry_run(tmp_path, name, "h100x8x4", model=str(tiny_qwen2))
     assert proc.returncode == 0, proc.stderr
     recipe = RECIPES[name]
-    values = {k: v.value for k, v in recipe.values.items()}
+    values = {k: v.value for k, v in resolved_values(name).items()}
     cells = _cells(proc.stdout)
     assert len(cells) == 33
     header = proc.stdout.splitlines()[2].split()
@@ -106,11 +105,13 @@ def test_the_dry_run_runs_every_value_of_the_recipe(tmp_path, tiny_qwen2, compos
         if axes["uaq.s"] == "1.0":  # verl's check loads the model (the UAQ copy is made at launch)
             validate_verl_config(v)
         for key, verl_key in SAME.items():
-            if key in values:
+            if key in values and not (key.startswith("algo.overlong") and not values["algo.overlong_buffer"]):
                 assert OmegaConf.select(v, verl_key) == values[key], (name, key, verl_key)
         mini = values["rollout.prompts_per_step"] // values["train.minibatches"]
         assert v[AR].actor.ppo_mini_batch_size == mini
         assert v[AR].actor.use_kl_loss == (values["algo.kl_coef"] > 0)
+        if values["algo.kl_coef"] > 0:
+            assert v[AR].actor.kl_loss_coef == values["algo.kl_coef"]
         if values.get("algo.dynamic_sampling"):
             assert v.algorithm.filter_groups.metric == "acc"
             assert v.trainer.use_v1 is True  # the trainer that filters groups
@@ -174,7 +175,7 @@ def test_every_value_has_a_source_and_the_laptop_recipe_changes_no_run():
     by_recipe = compose_config(["recipe=qurl-gsm8k", "backend.model_path=/m", "backend.train_files=/t",
                                 "backend.val_files=/v"])
     by_hand = ["backend=verl", "algo=ppo", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"]
-    by_hand += [f"{k}={v.value}" for k, v in RECIPES["qurl-gsm8k"].values.items()]
+    by_hand += [f"{k}={v.value}" for k, v in resolved_values("qurl-gsm8k").items()]
     assert run_id(compose_config(by_hand)) == run_id(by_recipe)
 
 
@@ -241,3 +242,100 @@ def test_docs_recipes_md_is_the_recipes_table():
 
     with open(os.path.join(ROOT, "docs", "recipes.md"), encoding="utf-8") as fh:
         assert fh.read() == recipes_markdown(), "regenerate: python -m suite.recipes > docs/recipes.md"
+
+
+# Keys a paper recipe leaves to others: the sweep's axes, and what the user gives (paths, cluster shape).
+AXIS_PREFIXES = ("quant.", "correction.", "uaq.", "seed")
+USER_KEYS = ("backend.model_path", "backend.train_files", "backend.val_files", "backend.nnodes",
+             "backend.n_gpus_per_node")
+GROUP_KEYS = {"backend": "backend.name", "algo": "algo.name", "quant": "quant.precision",
+              "correction": "correction.mode"}
+
+
+def _leaves(node, prefix: str = "") -> dict:
+    """Dotted key -> value of every leaf (an empty mapping has none)."""
+    out = {}
+    for k, v in node.items():
+        if isinstance(v, dict):
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _resolved(cfg) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+
+
+def _differing(composer, overrides: list[str]) -> dict:
+    """verl key -> (translated value, verl's default) for every key on which the translated config
+    differs from verl 0.9.1's own defaults. A key verl defines as an interpolation of another, left as
+    verl wrote it, follows its source and is not listed; the others are compared resolved."""
+    from omegaconf import OmegaConf
+
+    translated = composer.compose(overrides)
+    base_raw = _leaves(OmegaConf.to_container(composer.base, resolve=False))
+    got_raw = _leaves(OmegaConf.to_container(translated, resolve=False))
+    base, got = _leaves(_resolved(composer.base)), _leaves(_resolved(translated))
+    out = {}
+    for k in set(base) | set(got):
+        if isinstance(base_raw.get(k), str) and base_raw[k].startswith("${") and got_raw.get(k) == base_raw[k]:
+            continue
+        if got.get(k, "<absent>") != base.get(k, "<absent>"):
+            out[k] = (got.get(k, "<absent>"), base.get(k, "<absent>"))
+    return out
+
+
+def _suite_choice(verl_key: str) -> bool:
+    from suite.verl.translate import SUITE_CHOICES
+
+    return any(verl_key == c or verl_key.startswith(c + ".") for c in SUITE_CHOICES)
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_what_a_recipe_leaves_open_is_verls_default(composer, name):
+    """Composed alone, each paper recipe's verl command differs from verl 0.9.1's own config only
+    where the recipe sets a value (or the run's axes, the user's paths and cluster, or one of the
+    suite's named choices do): everything the recipe leaves open is verl's default, never the
+    embedded backend's (AdamW betas (0.9, 0.99) and GAE lambda 0.95 were)."""
+    from suite.config import compose_config
+    from suite.verl.translate import verl_key_sources, verl_overrides
+
+    recipe = RECIPES[name]
+    cfg = compose_config([f"recipe={name}", "backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"])
+    set_here = set(recipe.values) | {GROUP_KEYS[g] for g in recipe.groups} | set(USER_KEYS)
+    unexplained = []
+    for key, (value, default) in sorted(_differing(composer, verl_overrides(cfg, "/tmp/r")).items()):
+        if _suite_choice(key):
+            continue
+        sources = verl_key_sources(key)
+        if sources is None or not any(s in set_here or s.startswith(AXIS_PREFIXES) for s in sources):
+            unexplained.append(f"{key}={value} (verl: {default}; from {sources})")
+    assert not unexplained, f"{name}: values no source chose:\n" + "\n".join(unexplained)
+    assert list(cfg.train.betas) == [0.9, 0.999] and (cfg.algo.lam == 1.0)
+
+
+def test_the_verl_defaults_table_is_verls_own(composer):
+    """suite.recipes.VERL_DEFAULTS, given as a run's values, translate to verl's own defaults: every
+    key on which the command differs is fed by a key outside the table (or is a suite choice)."""
+    from suite.config import compose_config
+    from suite.recipes import VERL_DEFAULTS
+    from suite.verl.translate import verl_key_sources, verl_overrides
+
+    def hydra(v):
+        return "[" + ",".join(map(str, v)) + "]" if isinstance(v, list) else str(v).lower() if isinstance(v, bool) \
+            else str(v)
+
+    overrides = ["backend=verl", "algo=ppo", "algo.group_size=1", "backend.model_path=/m", "backend.train_files=/t",
+                 "backend.val_files=/v", "quant=bf16", "correction=naive", "uaq.s=1.0",
+                 "backend.tensor_parallel_size=2"]
+    overrides += [f"{k}={hydra(v)}" for k, (v, _) in VERL_DEFAULTS.items()]
+    cfg = compose_config(overrides)
+    wrong = []
+    for key, (value, default) in sorted(_differing(composer, verl_overrides(cfg, "/tmp/r")).items()):
+        sources = verl_key_sources(key)
+        if sources is not None and sources and all(s in VERL_DEFAULTS for s in sources):
+            wrong.append(f"{key}={value} (verl: {default})")
+    assert not wrong, "VERL_DEFAULTS entries that are not verl's defaults:\n" + "\n".join(wrong)
