@@ -23,6 +23,10 @@ from typing import Callable
 # The prompt suffixes of verl's examples/data_preprocess/gsm8k.py and math_dataset.py.
 GSM8K_SUFFIX = ' Let\'s think step by step and output the final answer after "####".'
 BOXED_SUFFIX = " Let's think step by step and output the final answer within \\boxed{}."
+# DAPO-Math-17k's prompt (its `prompt` column; DAPO's AIME validation set asks the same way)
+DAPO_TEMPLATE = ("Solve the following math problem step by step. The last line of your response should be of the form "
+                 "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\n"
+                 "Remember to put your answer on its own line after \"Answer:\".")
 
 
 class DataError(ValueError):
@@ -119,6 +123,40 @@ def _boxed(data_source: str) -> Callable[[dict, frozenset], tuple[str, list[dict
     return convert
 
 
+def _dapo_template(data_source: str) -> Callable[[dict, frozenset], tuple[str, list[dict], str]]:
+    """A competition set in DAPO-Math-17k's own prompt (the "Answer:" line its scorer reads), as
+    DAPO validates on AIME: a policy trained on that template is asked the same way."""
+    def convert(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
+        prompt = _user(DAPO_TEMPLATE.format(_text(rec["problem"], "problem")))
+        return data_source, prompt, _text(rec["answer"], "answer")
+
+    return convert
+
+
+def _final_answer(rec: dict, columns: frozenset) -> str:
+    """The ground truth of a record: its `answer`, else OlympiadBench's `final_answer` (a list: the
+    first, $ signs stripped), else the last \boxed{} of its `solution`."""
+    if "answer" in columns and rec.get("answer") not in (None, ""):
+        return _text(rec["answer"], "answer")
+    if "final_answer" in columns and rec.get("final_answer") not in (None, "", []):
+        value = rec["final_answer"]
+        value = value[0] if isinstance(value, (list, tuple)) and value else value
+        return _text(value, "final_answer").strip("$").strip()
+    if "solution" in columns and isinstance(rec.get("solution"), str):
+        found = last_boxed(rec["solution"])
+        if found is not None:
+            return found
+    raise _RowError("no answer: column 'answer' or 'final_answer' empty, and no \\boxed{...} in 'solution'")
+
+
+def _suite_scored(data_source: str) -> Callable[[dict, frozenset], tuple[str, list[dict], str]]:
+    """A held-out set graded by suite.verl.reward (a data_source verl has no scorer for)."""
+    def convert(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
+        return data_source, _user(_text(rec["problem"], "problem") + BOXED_SUFFIX), _final_answer(rec, columns)
+
+    return convert
+
+
 _PROBLEM_ANSWER = (("problem", "Problem"), ("answer", "Answer"))
 
 # default_compute_score (verl/utils/reward_score/__init__.py) dispatches: "openai/gsm8k" -> gsm8k.py (the number
@@ -143,6 +181,28 @@ SOURCES: dict[str, Source] = {
     # no "amc" scorer exists; numina_amc_aime is the name that says AMC, and prime_math grades 27 == 27.0.
     "amc": Source("AMC 2023 (problem, answer)", _PROBLEM_ANSWER, (), "test", ("numina_amc_aime",),
                   _boxed("numina_amc_aime")),
+    # AIME in DAPO's "Answer:" template (QuRL's DAPO setting trains on that template); math_dapo reads
+    # the "Answer:" line, which every aime* data_source selects
+    "aime24-dapo": Source("AIME 2024 (problem, answer), in DAPO-Math-17k's prompt", _PROBLEM_ANSWER, (), "test",
+                          ("aime2024",), _dapo_template("aime2024")),
+    "aime25-dapo": Source("AIME 2025 (problem, answer), in DAPO-Math-17k's prompt", _PROBLEM_ANSWER, (), "test",
+                          ("aime2025",), _dapo_template("aime2025")),
+    # MATH-500 alone (HuggingFaceH4/MATH-500: its `answer` column), MATH's normalised \boxed{} scorer
+    "math500": Source("HuggingFaceH4/MATH-500", _PROBLEM_ANSWER, ("solution",), "test",
+                      ("HuggingFaceH4/MATH-500",), _math),
+    # Minerva-Math and OlympiadBench answers carry units, decimals and LaTeX forms verl has no scorer
+    # for: suite.verl.reward grades them (units stripped, PRIME's equivalence); their own data_source
+    # names keep each benchmark's metrics apart
+    "minerva": Source("Minerva-Math (problem or question; answer, or solution with \\boxed{})",
+                      (("problem", "question"),), ("answer", "solution"), "test", ("minerva_math",),
+                      _suite_scored("minerva_math"), any_of=("answer", "solution")),
+    "olympiadbench": Source("OlympiadBench (question; final_answer list, or answer)", (("problem", "question"),),
+                            ("answer", "final_answer", "solution"), "test", ("olympiadbench",),
+                            _suite_scored("olympiadbench"), any_of=("answer", "final_answer")),
+    # QaRL's training set: OpenR1-Math-220k's schema (problem, answer), the 46K subset it trains on
+    "openr1-math": Source("open-r1/OpenR1-Math-220k schema (problem, answer): QaRL's OpenR1-Math-46K",
+                          _PROBLEM_ANSWER, ("solution",), "train", ("openr1_math",), _suite_scored("openr1_math"),
+                          dedup_prompts=True),
 }
 
 

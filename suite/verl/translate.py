@@ -156,6 +156,8 @@ SUITE_CHOICES: dict[str, str] = {
     "trainer.project_name": "the MLflow experiment (tracking.experiment)",
     "trainer.experiment_name": "the MLflow run name (suite.identity.run_name)",
     "trainer.default_local_dir": "checkpoints inside the run's own directory",
+    "reward.custom_reward_function": "the run's reward file, else suite.verl.reward (verl's scorers for their "
+                                     "data sources, the suite's for Minerva, OlympiadBench, OpenR1-Math)",
 }
 
 
@@ -200,6 +202,16 @@ def uaq_model_dir(cfg: DictConfig, run_dir: str | None = None) -> str:
     if cfg.uaq.s == 1.0:
         return os.path.normpath(cfg.backend.model_path)
     return os.path.join(os.path.abspath(run_dir or default_run_dir(cfg)), f"model-uaq-s{cfg.uaq.s:g}")
+
+
+def reward_fn_file(cfg: DictConfig) -> str:
+    """The python file whose ``compute_score`` grades this run's responses: ``backend.reward_fn_path``
+    (e.g. an exported embedded task's), else suite.verl.reward."""
+    if cfg.backend.reward_fn_path:
+        return str(cfg.backend.reward_fn_path)
+    from suite.verl import reward
+
+    return os.path.abspath(reward.__file__)
 
 
 def loss_env(cfg: DictConfig) -> dict[str, str]:
@@ -365,9 +377,10 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
                 "+reward.reward_kwargs.overlong_buffer_cfg.log=true",
                 f"+reward.reward_kwargs.max_resp_len={r.max_new_tokens}",
             ]
-    if b.reward_fn_path:
-        o += [f"reward.custom_reward_function.path={_q(b.reward_fn_path)}",
-              "reward.custom_reward_function.name=compute_score"]
+    # the scorer: the run's own reward file, else the suite's (verl's for its data sources, the suite's for
+    # the held-out sets verl cannot grade); `suite eval` scores with the same function (reward_fn_file)
+    o += [f"reward.custom_reward_function.path={_q(reward_fn_file(cfg))}",
+          "reward.custom_reward_function.name=compute_score"]
     # loss parameters verl has no field for, and the rollout quantizer: env of every Ray worker
     for k, v in loss_env(cfg).items():
         o.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_q(v)}")
@@ -481,6 +494,7 @@ __all__ = [
     "loss_env",
     "mlflow_names",
     "uaq_model_dir",
+    "reward_fn_file",
     "validate_verl_config",
     "verl_command",
     "verl_key_sources",

@@ -41,6 +41,16 @@ DAPO = [_dapo("What is 17 * 2?", "34"), _dapo("What is 17 * 2?", "34"), _dapo("W
 DEEPSCALER = [{"problem": "Find $x$ if $2x = 1$.", "answer": "\\frac{1}{2}", "solution": "Divide: $x = 1/2$."}]
 AIME = [{"ID": "2024-I-1", "Problem": "Find the remainder.", "Solution": "...", "Answer": 72}]
 AMC = [{"id": 0, "problem": "How many?", "answer": 27.0, "url": "https://artofproblemsolving.com/"}]
+# Minerva-Math as Qwen2.5-Math's evaluation files ship it (problem, solution with \boxed{}), and as a
+# problem/answer file (rllm's); OlympiadBench as its published rows (question, final_answer list, unit)
+MINERVA = [{"problem": "Compute the speed of the wave.", "solution": "So $v = \\boxed{3.0 \\times 10^{8}}$ m/s.",
+            "type": "Physics (8.01)", "idx": 0}]
+MINERVA_QA = [{"problem": "How long, in years?", "answer": "4.5"}]
+OLYMPIAD = [{"id": 1606, "question": "Find the ratio.", "solution": ["It is $\\frac{1}{2}$."],
+             "final_answer": ["$\\frac{1}{2}$"], "context": None, "is_multiple_answer": False, "unit": None,
+             "answer_type": "Numerical", "subfield": "Algebra", "language": "English"}]
+OPENR1 = [{"problem": "Find $n$ with $n^2 = 49$, $n > 0$.", "solution": "$n = 7$", "answer": "7",
+           "problem_type": "Algebra", "question_type": "math-word-problem", "source": "olympiads", "uuid": "u1"}]
 
 
 def _write(path, records):
@@ -148,6 +158,13 @@ SCORED = [
     ("aime24", AIME, "The remainder is \\boxed{72}.", "The remainder is \\boxed{27}."),
     ("aime25", AIME, "The remainder is \\boxed{72}.", "The remainder is \\boxed{27}."),
     ("amc", AMC, "There are \\boxed{27}.", "There are \\boxed{26}."),
+    ("aime24-dapo", AIME, "So 72.\nAnswer: 72", "Answer: 27"),
+    ("aime25-dapo", AIME, "So 72.\nAnswer: 72", "Answer: 27"),
+    ("math500", MATH500, "So \\boxed{2}.", "So \\boxed{3}."),
+    ("minerva", MINERVA, "$v=\\boxed{3 \\times 10^8 \\mathrm{~m/s}}$", "$\\boxed{3 \\times 10^{7}}$"),
+    ("minerva", MINERVA_QA, "About \\boxed{4.50} years", "About \\boxed{4.6} years"),
+    ("olympiadbench", OLYMPIAD, "The ratio is \\boxed{0.5}.", "The ratio is \\boxed{\\frac{1}{3}}."),
+    ("openr1-math", OPENR1, "Thus $n=\\boxed{7}$.", "Thus $n=\\boxed{-7}$."),
 ]
 
 
@@ -156,17 +173,33 @@ def _acc(result) -> float:
     return float(result["acc"]) if isinstance(result, dict) else result
 
 
-def test_verl_scores_every_data_source_written(tmp_path):
+def test_the_runs_scorer_grades_every_data_source_written(tmp_path):
+    """suite.verl.reward.compute_score (what verl runs and `suite eval` call) grades a right and a
+    wrong response for every data_source written: verl's own scorer where verl has one (the same
+    result as default_compute_score), the suite's for the sets verl cannot grade."""
     from verl.utils.reward_score import default_compute_score
+
+    from suite.verl.reward import SUITE_SOURCES, compute_score
 
     written = set()
     for i, (name, records, right, wrong) in enumerate(SCORED):
         (row,) = convert(name, _write(tmp_path / f"{i}.jsonl", records))[0][:1]
         ds, truth = row["data_source"], row["reward_model"]["ground_truth"]
-        assert _acc(default_compute_score(ds, right, truth)) == 1.0, (name, ds, right, truth)
-        assert _acc(default_compute_score(ds, wrong, truth)) == 0.0, (name, ds, wrong, truth)
+        assert _acc(compute_score(ds, right, truth)) == 1.0, (name, ds, right, truth)
+        assert _acc(compute_score(ds, wrong, truth)) == 0.0, (name, ds, wrong, truth)
+        if ds not in SUITE_SOURCES:
+            assert compute_score(ds, right, truth) == default_compute_score(ds, right, truth)
         written.add(ds)
     assert written == {ds for s in SOURCES.values() for ds in s.data_sources}
+
+
+def test_dapo_aime_asks_in_dapos_template_and_olympiad_reads_final_answer(tmp_path):
+    (row,) = convert("aime24-dapo", _write(tmp_path / "a.jsonl", AIME))[0]
+    assert row["prompt"][0]["content"] == DAPO_PROMPT.format(AIME[0]["Problem"])  # DAPO-Math-17k's own words
+    (row,) = convert("olympiadbench", _write(tmp_path / "o.jsonl", OLYMPIAD))[0]
+    assert row["reward_model"]["ground_truth"] == "\\frac{1}{2}" and row["extra_info"]["split"] == "test"
+    (row,) = convert("minerva", _write(tmp_path / "m.jsonl", MINERVA))[0]
+    assert row["reward_model"]["ground_truth"] == "3.0 \\times 10^{8}"  # the solution's last \boxed{}
 
 
 def test_another_schema_is_refused_naming_the_missing_column(tmp_path):
