@@ -209,6 +209,7 @@ _PLUGINS: tuple[str, ...] = (
     "suite.report.cli",
     "suite.verl.data",
     "suite.embedded.export",
+    "suite.evaluation.cli",
 )
 
 

@@ -1,0 +1,236 @@
+"""`suite eval RUN_DIR|SWEEP_FILE`: score trained policies per benchmark (suite.evaluation)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+
+from suite.evaluation import CHECKPOINTS, ENGINES, EvalError, log_to_mlflow, read_results, write_results
+
+EVAL_HELP = """Score a trained policy per benchmark, the papers' way: in bf16 (and the run's rollout engine).
+
+    suite eval runs/RUN_ID                                  # last checkpoint, bf16, every benchmark
+    suite eval runs/RUN_ID --precision bf16,rollout         # and the quantized rollout engine beside it
+    suite eval runs/RUN_ID --benchmarks aime2024 --checkpoint best
+    suite eval experiments/paper_tables.yaml backend=verl recipe=qurl-dapo ...   # every finished cell
+
+Benchmarks: a verl run's held-out data sources (its backend.val_files: e.g. openai/gsm8k, aime2024,
+olympiadbench); an embedded run's task at each difficulty that fits its model (arith-d1 .. arith-d4).
+Each is scored with the run's validation protocol (samples per prompt, temperature, top_p: greedy
+pass@1, or Avg@32 where the recipe says so) and its own scorer. Results: RUN_DIR/eval/step_N.json and
+the run's MLflow metrics eval/<benchmark>/<engine>/acc/mean@k; a scored job is not scored again
+(--force does). A sweep's finished cells are scored by its launcher: here, or as SLURM jobs.
+"""
+
+
+def _backend(cfg):
+    from suite.backend import BACKENDS
+
+    return importlib.import_module(f"{BACKENDS[cfg.backend.name]}.evaluate")
+
+
+def _run_config(run_dir: Path):
+    from omegaconf import OmegaConf
+
+    from suite.tracking.rundir import CONFIG_FILE
+
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise EvalError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); give a run's directory, e.g. "
+                        f"runs/<run_id>, or a sweep file")
+    try:
+        return OmegaConf.load(path)
+    except Exception as exc:  # noqa: BLE001 - a damaged config names its file
+        raise EvalError(f"{path}: not a readable run config ({type(exc).__name__})") from None
+
+
+def _choose(flag: str, given: str | None, allowed: list[str], default: list[str]) -> list[str]:
+    if given is None:
+        return default
+    chosen = [g.strip() for g in given.split(",") if g.strip()]
+    bad = [g for g in chosen if g not in allowed]
+    if not chosen or bad:
+        raise EvalError(f"{flag} {bad[0] if bad else given!r}: not one of {', '.join(allowed)}")
+    return list(dict.fromkeys(chosen))
+
+
+def _step(backend, cfg, run_dir: Path, checkpoint: str) -> int:
+    steps = backend.checkpoint_steps(run_dir)
+    if not steps:
+        raise EvalError(f"{run_dir}: holds no checkpoint to score (a run writes one every ckpt_every="
+                        f"{cfg.ckpt_every} steps and at its end)")
+    if checkpoint == "last":
+        return steps[-1]
+    if checkpoint == "best":
+        return backend.best_step(cfg, run_dir, steps)
+    if checkpoint.isdigit() and int(checkpoint) in steps:
+        return int(checkpoint)
+    raise EvalError(f"--checkpoint {checkpoint!r}: not one of {', '.join([*CHECKPOINTS, *map(str, steps)])}")
+
+
+def prepare(run_dir: str | os.PathLike, precision: str | None, benchmarks: str | None, checkpoint: str):
+    """Everything `suite eval` checks before it writes: the run, its checkpoint (readable, of the run's
+    model), the engines and benchmarks asked for and their data. (cfg, backend, step, engines, names)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise EvalError(f"{run_dir}: no such run directory (or sweep file)")
+    cfg = _run_config(run_dir)
+    backend = _backend(cfg)
+    engines = _choose("--precision", precision, list(backend.ENGINES), ["bf16"])
+    names = backend.benchmark_names(cfg)  # verl: reads the val files, naming one that is missing
+    chosen = _choose("--benchmarks", benchmarks, names, names)
+    step = _step(backend, cfg, run_dir, checkpoint)
+    backend.check_checkpoint(cfg, run_dir, step)
+    return cfg, backend, step, engines, chosen
+
+
+def eval_run(run_dir: str | os.PathLike, precision: str | None = None, benchmarks: str | None = None,
+             checkpoint: str = "last", force: bool = False, log=print) -> list:
+    """Score one run (suite.evaluation); the scores of this checkpoint, old and new."""
+    cfg, backend, step, engines, names = prepare(run_dir, precision, benchmarks, checkpoint)
+    done = [] if force else read_results(run_dir, step)
+    t0 = time.perf_counter()
+    new = backend.evaluate(cfg, str(run_dir), step=step, engines=engines, names=names, done=done, log=log)
+    if new:
+        path = write_results(run_dir, step, new)
+        log(f"suite eval: {len(new)} new score(s) in {path} ({time.perf_counter() - t0:.1f} s)")
+    scores = [s for s in read_results(run_dir, step) if s.engine in engines and s.benchmark in names]
+    _to_mlflow(Path(run_dir), scores, log)
+    return scores
+
+
+def _to_mlflow(run_dir: Path, scores: list, log) -> None:
+    import json
+
+    from suite.tracking.rundir import RUN_FILE
+
+    try:
+        record = json.loads((run_dir / RUN_FILE).read_text())
+        uri, rid = record["tracking_uri"], record["run_id"]
+    except (OSError, ValueError, KeyError):
+        log(f"suite eval: {run_dir} has no MLflow run ({RUN_FILE}); the scores are in {run_dir}/eval only")
+        return
+    if not rid:
+        log(f"suite eval: MLflow never accepted {run_dir}'s run; the scores are in {run_dir}/eval only")
+        return
+    sent, problem = log_to_mlflow(uri, rid, scores)
+    if problem:
+        log(f"suite eval: MLflow at {uri} unreachable ({problem}); the scores are kept in {run_dir}/eval and "
+            f"sent by the next `suite eval` of this run")
+    else:
+        log(f"suite eval: MLflow run {rid}: {sent} metric(s) sent, {len(scores) - sent} already there")
+
+
+def _table(scores: list) -> str:
+    rows = sorted(scores, key=lambda s: (s.benchmark, s.protocol.samples, s.engine))
+    lines = [f"{'benchmark':<24} {'metric':<9} {'engine':<8} {'acc %':>7}  n   protocol / engine"]
+    for s in rows:
+        lines.append(f"{s.benchmark:<24} {s.protocol.metric:<9} {s.engine:<8} {100 * s.acc:7.2f}  "
+                     f"{s.n_prompts:<3} {s.protocol.describe()}; {s.engine_detail}")
+    by = {}
+    for s in rows:
+        by.setdefault((s.benchmark, s.protocol), {})[s.engine] = s.acc
+    for (bench, protocol), accs in by.items():
+        if "rollout" in accs and len(accs) > 1:
+            ref = "bf16" if "bf16" in accs else "fp32"
+            lines.append(f"{bench} {protocol.metric}: rollout - {ref} = {100 * (accs['rollout'] - accs[ref]):+.2f} "
+                         f"points (the rollout engine's own error)")
+    return "\n".join(lines)
+
+
+def _sweep_runs(path: str, overrides: list[str]):
+    from suite.sweep.spec import load_sweep
+    from suite.tracking.rundir import is_finished
+
+    sweep = load_sweep(path, overrides)
+    finished = [c for c in sweep.cells if is_finished(c.run_dir)]
+    return sweep, finished
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    target = args.target
+    try:
+        if os.path.isfile(target) and target.endswith((".yaml", ".yml")):
+            return _eval_sweep(args)
+        if args.overrides:
+            raise EvalError(f"overrides {' '.join(args.overrides)!r}: a run directory takes none (its config is "
+                            f"its own); they belong to a sweep file")
+        scores = eval_run(target, args.precision, args.benchmarks, args.checkpoint, args.force)
+    except EvalError as exc:
+        print(f"suite eval: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a run that cannot be rebuilt on this machine (e.g. its kernels): one line
+        from suite.hardware import HardwareError
+
+        if isinstance(exc, HardwareError):
+            print(f"suite eval: cannot score here: {exc}", file=sys.stderr)
+            return 2
+        raise
+    print(_table(scores))
+    return 0
+
+
+def _eval_sweep(args: argparse.Namespace) -> int:
+    from suite.launch.fileio import SweepError
+
+    try:
+        sweep, finished = _sweep_runs(args.target, list(args.overrides))
+    except SweepError as exc:
+        raise EvalError(str(exc)) from None
+    if not finished:
+        raise EvalError(f"{args.target}: none of its {len(sweep.cells)} cells has finished; `suite status "
+                        f"{args.target}` says where they are")
+    for c in finished:  # every cell checked before any is scored
+        prepare(c.run_dir, args.precision, args.benchmarks, args.checkpoint)
+    print(f"suite eval: {len(finished)} finished cell(s) of {len(sweep.cells)} in {args.target}", flush=True)
+    if sweep.launcher.name == "slurm":
+        return _eval_on_slurm(sweep, finished, args)
+    for c in finished:
+        print(f"suite eval: cell {c.index} {c.run_id}", flush=True)
+        print(_table(eval_run(c.run_dir, args.precision, args.benchmarks, args.checkpoint, args.force)))
+    return 0
+
+
+def eval_job(run_dir: str, precision, benchmarks, checkpoint: str, force: bool) -> int:
+    """One cell scored inside a SLURM job (the pickled function submitit runs)."""
+    return len(eval_run(run_dir, precision, benchmarks, checkpoint, force))
+
+
+def _eval_on_slurm(sweep, finished, args) -> int:
+    from suite.launch.executors import make_executor
+
+    folder = Path(sweep.state_dir) / "eval"
+    ex = make_executor(sweep.launcher, folder, sweep.resources, job_name=f"eval-{sweep.name}",
+                       sweep_path=args.target)
+    jobs = ex.map_array(eval_job, [c.run_dir for c in finished], [args.precision] * len(finished),
+                        [args.benchmarks] * len(finished), [args.checkpoint] * len(finished),
+                        [args.force] * len(finished))
+    print(f"suite eval: submitted {len(jobs)} SLURM job(s) ({jobs[0].job_id.split('_')[0]}); logs in {folder}",
+          flush=True)
+    failed = 0
+    for c, job in zip(finished, jobs):
+        try:
+            n = job.result()
+            print(f"suite eval: cell {c.index} {c.run_id}: {n} score(s)", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a failed cell is reported, the others still count
+            failed += 1
+            print(f"suite eval: cell {c.index} {c.run_id} failed: {str(exc).splitlines()[-1][:300]}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="score trained policies per benchmark (bf16 and the rollout engine)",
+                              description=EVAL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target", metavar="RUN_DIR|SWEEP_FILE", help="a run's directory, or a sweep file (its finished "
+                   "cells)")
+    p.add_argument("overrides", nargs="*", help="a sweep file's overrides, as given to `suite sweep`")
+    p.add_argument("--precision", default=None,
+                   help=f"engines, comma separated: {', '.join(ENGINES)} (fp32: embedded runs; default bf16)")
+    p.add_argument("--benchmarks", default=None, help="comma separated; default: every benchmark of the run")
+    p.add_argument("--checkpoint", default="last", help="last (default), best (best held-out step), or a step")
+    p.add_argument("--force", action="store_true", help="score again what was scored")
+    p.set_defaults(func=cmd_eval)
