@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 # Keys that change where results go or how fast they arrive, not what is computed: left out of
 # the run id's hash and of the MLflow params (docs/architecture.md, "MLflow experiments and runs").
-NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir", "backend.recipe", "backend.dataset")
+NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir", "backend.recipe", "backend.dataset",
+                "backend.eval_after_train")
 # Keys added after runs were recorded, with the value that computes what those runs computed: left
 # out of the hash and the params while they hold it, so a config composed before they existed keeps
 # its run id (and a report matches its params). A new key whose default changes no numerics goes here.

@@ -335,6 +335,9 @@ def resolved_values(name: str) -> dict[str, Value]:
     values = dict(r.values)
     for key, (value, verl_key) in VERL_DEFAULTS.items():
         values.setdefault(key, Value(value, f"{VERL_DEFAULT} ({verl_key}); the paper and its script leave it open"))
+    # the papers' accuracies are of the trained policy in bf16, per benchmark (suite.evaluation)
+    values.setdefault("backend.eval_after_train", Value(True, OURS + ": `suite eval` of the last checkpoint in bf16 "
+                                                        "and by the rollout engine, as the papers score"))
     return values
 
 

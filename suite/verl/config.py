@@ -81,6 +81,9 @@ class VerlBackendConfig(BackendConfig):
     # the model's context window for trainer and rollout (config.json max_position_embeddings
     # overridden; 0 = the checkpoint's own). Qwen2.5-Math ships 4096, too short for 2K + 8K tokens
     max_position_embeddings: int = 0
+    # after training, `suite eval` of the last checkpoint in bf16 and by the rollout engine (the papers'
+    # scoring: suite.evaluation); the paper recipes turn it on. Not part of the run id
+    eval_after_train: bool = False
     extra_overrides: List[str] = field(default_factory=list)  # verl Hydra overrides appended verbatim (last wins)
 
 

@@ -307,7 +307,28 @@ def _run_head(cfg: DictConfig, run_dir: str, alloc: Allocation, env: Mapping[str
         raise RuntimeError(f"verl exited with status {rc}; see {log_path}")
     summary = read_summary(str(cfg.tracking.tracking_uri), rid)
     _write(summary_path, json.dumps(summary, indent=2) + "\n")
+    if cfg.backend.get("eval_after_train", False):
+        evaluate_after_training(run_dir)
     return {**summary, "already_finished": False}
+
+
+EVAL_AFTER_TRAIN = "bf16,rollout"  # the engines a paper-recipe cell is scored by after training
+
+
+def evaluate_after_training(run_dir: str, log=print) -> bool:
+    """`suite eval RUN_DIR --precision bf16,rollout` of the finished run (its last checkpoint). A
+    failure leaves the trained run as it is and says how to score it by hand; True when it scored."""
+    from suite.evaluation import EvalError
+    from suite.evaluation.cli import eval_run
+
+    try:
+        eval_run(run_dir, EVAL_AFTER_TRAIN, None, "last", log=log)
+        return True
+    except (EvalError, RuntimeError, OSError, ImportError) as exc:
+        log(f"suite verl: the run trained, but its evaluation failed ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:300] if str(exc) else ''}); score it with: "
+            f"suite eval {run_dir} --precision {EVAL_AFTER_TRAIN}")
+        return False
 
 
 def _write(path: str, text: str) -> None:

@@ -239,3 +239,32 @@ def test_summary_reads_avg_at_32_and_pass_at_32_where_verl_logs_them(tmp_path):
         mlflow.log_metric("val-aux/aime24/acc/mean_at_32", 0.5, step=0)
     with pytest.raises(RuntimeError, match="no val-core/\\*/acc\\|reward/mean_at_N"):
         read_summary(uri, empty.info.run_id)
+
+
+def test_a_paper_recipe_cell_is_scored_after_training_and_a_failed_scoring_keeps_the_run(verl_cfg, tmp_path,
+                                                                                          capsys):
+    """backend.eval_after_train (on in every paper recipe) runs `suite eval --precision bf16,rollout`
+    once main_ppo succeeded. Here the stand-in main_ppo writes no checkpoint (and the held-out file does
+    not exist), so the scoring is refused: the run still finishes with its summary, and the message names
+    the command that scores it."""
+    import mlflow
+
+    from suite.identity import run_id
+    from suite.recipes import resolved_values
+
+    assert all(resolved_values(n)["backend.eval_after_train"].value for n in ("qurl-gsm8k", "qurl-dapo"))
+    cfg = verl_cfg("quant=bf16", "correction=naive", "uaq.s=1.0", "backend.eval_after_train=true")
+    assert run_id(cfg) == run_id(verl_cfg("quant=bf16", "correction=naive", "uaq.s=1.0"))  # not in the run id
+    run_dir = str(tmp_path / "runs" / "scored")
+
+    def fake_verl(argv, log_path, env):
+        mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+        with mlflow.start_run(run_id=env["MLFLOW_RUN_ID"]):
+            mlflow.log_metric("val-core/gsm8k/acc/mean_at_1", 0.5, step=1)
+        return 0
+
+    summary = run(cfg, run_dir, env={}, execute=fake_verl)
+    assert summary["final_acc"] == 0.5 and os.path.isfile(os.path.join(run_dir, "summary.json"))
+    out = capsys.readouterr().out
+    assert "its evaluation failed" in out and f"suite eval {run_dir} --precision bf16,rollout" in out, out
+    assert not os.path.exists(os.path.join(run_dir, "eval"))
