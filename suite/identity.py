@@ -113,10 +113,40 @@ def group_key(cfg: DictConfig) -> str:
     return _semantic_digest(cfg, drop=("seed",))
 
 
+def recipe_deviations(cfg: DictConfig) -> list[str]:
+    """The values of a run composed with a paper recipe (``backend.recipe``) that differ from the
+    recipe's, as ``key=value (recipe: value)``: a sweep axis over a key the recipe sets (``uaq.s`` on
+    qurl-gsm8k, ``quant`` on qarl-math) is allowed, and said in the run's name, tags and report row."""
+    from suite.recipes import RECIPES, resolved_values
+
+    name = cfg.backend.get("recipe", "") if cfg.backend.name != "embedded" else ""
+    if name not in RECIPES:
+        return []
+    recipe = RECIPES[name]
+    chosen = {"backend": cfg.backend.name, "algo": cfg.algo.name, "quant": cfg.quant.precision,
+              "correction": cfg.correction.mode}
+    out = [f"{g}={chosen[g]} (recipe: {v})" for g, v in recipe.groups.items() if chosen.get(g) != v]
+    for key, v in resolved_values(name).items():
+        got = OmegaConf.select(cfg, key)
+        got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+        if not _equal(got, v.value):
+            out.append(f"{key}={got} (recipe: {v.value})")
+    return out
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b)
+    return a == b
+
+
 def identity_tags(cfg: DictConfig) -> dict[str, str]:
-    """MLflow tags beside the axes that say which numerics a run computed with (every backend)."""
+    """MLflow tags beside the axes that say which numerics a run computed with (every backend);
+    a run composed with a paper recipe also carries the recipe and where it departs from it."""
     embedded = cfg.backend.name == "embedded"
-    return {
+    recipe = {} if embedded or not cfg.backend.get("recipe", "") else {
+        "recipe": str(cfg.backend.recipe), "recipe_deviations": "; ".join(recipe_deviations(cfg))}
+    return {**recipe,
         # verl: FSDP's mixed-precision parameter dtype (backend.param_dtype; bf16 = verl's default)
         "trainer_dtype": cfg.train.autocast if embedded else cfg.backend.get("param_dtype", "bf16"),
         "kernels": cfg.quant.kernels if embedded else "vllm",
@@ -171,4 +201,7 @@ def run_name(cfg: DictConfig, varying: dict[str, str] | None = None) -> str:
     parts += [a["algo"], a["precision"], a["correction"] + ("+aligned" if a["aligned_forward"] == "true" else ""),
               f"s{a['uaq_s']}", a["task"], a["model"], f"{cfg.steps}steps", f"lr{cfg.train.lr:g}", f"seed{a['seed']}"]
     extra = [f"{k.lstrip('+')}={v}" for k, v in (varying or {}).items() if k.lstrip("+") not in _NAMED_KEYS]
+    off = recipe_deviations(cfg)
+    if off:  # a cell that departs from its paper recipe says so in its name
+        extra.append(f"off-recipe {cfg.backend.recipe}: " + ", ".join(d.split(" (")[0] for d in off))
     return " ".join(["-".join(parts), *extra])

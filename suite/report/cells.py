@@ -152,11 +152,24 @@ def pooled_frame(runs: pd.DataFrame, col: str, scale: float = 1.0, n_resamples: 
     rows, configs = [], []
     for key, g in pool(runs, axes):
         done = g[g["status"] == FINISHED]
-        rows.append({**key, **cell_stats(g, col, scale, n_resamples, seed), **{k: f(done) for k, f in extra.items()}})
+        rows.append({**key, **cell_stats(g, col, scale, n_resamples, seed), **{k: f(done) for k, f in extra.items()},
+                     "recipe": recipe_label(g)})
         configs.append(_config_of(g))
-    df = pd.DataFrame(rows, columns=[*axes, "group_key", *STAT_COLUMNS, *extra])
+    df = pd.DataFrame(rows, columns=[*axes, "group_key", *STAT_COLUMNS, *extra, "recipe"])
     df.insert(len(axes) + 1, "variant", variants(rows, configs, axes))
     return df
+
+
+def recipe_label(group: pd.DataFrame) -> str:
+    """The paper recipe a configuration's runs were composed with, and where they depart from it:
+    'qurl-gsm8k (off-recipe: uaq.s=1.5 (recipe: 1.0))'; '' without one."""
+    if "recipe" not in group:
+        return ""
+    labels = []
+    for recipe, off in zip(group["recipe"], group.get("recipe_deviations", [""] * len(group))):
+        if recipe:
+            labels.append(f"{recipe} (off-recipe: {off})" if off else str(recipe))
+    return " / ".join(dict.fromkeys(labels))
 
 
 def sort_rows(df: pd.DataFrame, lead=GROUP) -> pd.DataFrame:

@@ -50,7 +50,7 @@ RUN_COLUMNS = (
     "mlflow_run_id", "run_name", "experiment_id", "status", "start_time", "end_time",
     "parent_run_id", "sweep", "cell", "run_id", *AXES, "trainer_dtype", "fp8_granularity", "kernels",
     "bf16_kernels", "kernels_executed", "uaq_group_lr_s", "lr", "steps", "method", "group_key", "config",
-    "acc_metric",
+    "acc_metric", "recipe", "recipe_deviations",
 )
 # Identity columns the step-by-step history carries beside the axes.
 HISTORY_IDENTITY = ("trainer_dtype", "fp8_granularity", "kernels", "bf16_kernels", "uaq_group_lr_s", "steps",
@@ -58,7 +58,8 @@ HISTORY_IDENTITY = ("trainer_dtype", "fp8_granularity", "kernels", "bf16_kernels
 # Text columns of the run frame (read back from runs.csv as text, never as numbers).
 TEXT_COLUMNS = ("mlflow_run_id", "run_name", "experiment_id", "status", "parent_run_id", "sweep", "run_id", "backend",
                 "precision", "correction", "algo", "task", "model", "trainer_dtype", "fp8_granularity", "kernels",
-                "bf16_kernels", "kernels_executed", "method", "group_key", "config", "acc_metric")
+                "bf16_kernels", "kernels_executed", "method", "group_key", "config", "acc_metric", "recipe",
+                "recipe_deviations")
 # Metrics read step by step into `RunData.history` (MLflow names: docs/metrics.md, with `@`
 # sanitized to `_at_`). Held-out accuracy is task specific; `load_runs` adds its keys.
 HISTORY_KEYS = (

@@ -102,6 +102,7 @@ def _identity_cells(df: pd.DataFrame) -> dict:
         "trainer": df["trainer_dtype"].map(_text), "kernels (low-bit/bf16)": kernels,
         # the UAQ ablation's controls: global LR x f, or UAQ's per-group rates without the rescaling
         "LR": [lr_control(f, q) for f, q in zip(df["lr_factor"], df["uaq_group_lr_s"])],
+        "recipe": df["recipe"].map(_text) if "recipe" in df else "—",
         "variant": df["variant"].map(_text),
     }
 
@@ -133,7 +134,8 @@ def display_uaq(df: pd.DataFrame) -> pd.DataFrame:
     cells.pop("LR")  # the setting says it
     return pd.DataFrame({
         **{k: cells[k] for k in ("task", "model", "algo", "backend", "precision", "method")}, "setting": df["setting"],
-        **{k: cells[k] for k in ("steps", "lr", "trainer", "kernels (low-bit/bf16)", "variant")}, "n": df["n"],
+        **{k: cells[k] for k in ("steps", "lr", "trainer", "kernels (low-bit/bf16)", "recipe", "variant")},
+        "n": df["n"],
         "acc % [95% CI]": [acc_ci(*a) for a in zip(df["acc_pct"], df["acc_ci_low"], df["acc_ci_high"], df["n"])],
         "CI": df["ci_method"].map(_text), "acc % per seed": [per_seed(s, v) for s, v in zip(df["seeds"], df["values"])],
         "update visibility (% codes changed / step)": df["visibility_pct"].map(lambda v: num(v, "{:.3f}")),

@@ -49,6 +49,8 @@ IDENTITY_DEFAULTS = {
     "uaq_group_lr_s": 1.0,  # per-group learning-rate control that mimics UAQ s (1 = off)
     "group_key": "",  # equal for runs whose configs differ only by the seed
     "config": "",  # the semantic params as sorted JSON (what `group_key` is derived from)
+    "recipe": "",  # the paper recipe a verl run was composed with ("" = none)
+    "recipe_deviations": "",  # where it departs from the recipe: "key=value (recipe: value); ..."
 }
 # Columns whose equality the explicit fallback key requires when a run has no params at all.
 KEY_COLUMNS = ("backend", "precision", "fp8_granularity", "correction", "uaq_s", "uaq_group_lr_s", "algo", "task",
@@ -137,6 +139,8 @@ def from_tags_and_params(tags: dict, params: dict, precision: str, before_rename
     for k in ("kernels", "bf16_kernels"):
         out[k] = tags.get(k, "")
     out["uaq_group_lr_s"] = _float_or(tags.get("uaq_group_lr_s"), 1.0)
+    out["recipe"] = tags.get("recipe", "")
+    out["recipe_deviations"] = tags.get("recipe_deviations", "")
     out["config"] = config_json(semantic_params(params))
     out["group_key"] = tags.get("group_key", "")  # empty: derived from the whole row (`derived_key`)
     return out

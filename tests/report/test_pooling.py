@@ -309,3 +309,13 @@ def test_history_carries_the_identity_columns():
         assert col in h.columns, col
     assert (h.loc[0, "steps"], h.loc[0, "trainer_dtype"]) == (200, "bf16")
     assert np.isclose(h.loc[0, "rollout_corr/kl"], 0.01)
+
+
+def test_a_row_names_its_recipe_and_where_it_departs_from_it():
+    runs = frame([{"backend": "verl", "uaq_s": 1.5, "seed": s, "acc": 0.5, "recipe": "qurl-gsm8k",
+                   "recipe_deviations": "uaq.s=1.5 (recipe: 1.0)"} for s in (0, 1)]
+                 + [{"backend": "verl", "uaq_s": 1.0, "seed": 0, "acc": 0.4, "recipe": "qurl-gsm8k"}])
+    main = T.main_table(runs)
+    text = T.fmt.display_main(main).set_index(main["uaq_s"])
+    assert text.loc[1.5, "recipe"] == "qurl-gsm8k (off-recipe: uaq.s=1.5 (recipe: 1.0))"
+    assert text.loc[1.0, "recipe"] == "qurl-gsm8k"

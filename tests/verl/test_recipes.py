@@ -339,3 +339,22 @@ def test_the_verl_defaults_table_is_verls_own(composer):
         if sources is not None and sources and all(s in VERL_DEFAULTS for s in sources):
             wrong.append(f"{key}={value} (verl: {default})")
     assert not wrong, "VERL_DEFAULTS entries that are not verl's defaults:\n" + "\n".join(wrong)
+
+
+def test_an_axis_that_departs_from_its_recipe_is_run_and_said_everywhere():
+    """The rule for a sweep axis over a value the recipe sets (paper_tables.yaml's uaq.s on qurl-gsm8k,
+    whose UAQ is off): allowed, and written into the run's name and its tags (its report row:
+    tests/report/test_pooling.py)."""
+    from suite.config import compose_config
+    from suite.identity import identity_tags, recipe_deviations, run_name
+
+    paths = ["backend.model_path=/m", "backend.train_files=/t", "backend.val_files=/v"]
+    on = compose_config(["recipe=qurl-gsm8k", *paths])
+    off = compose_config(["recipe=qurl-gsm8k", *paths, "uaq.s=1.5", "quant=fp8", "quant.fp8_granularity=block"])
+    assert recipe_deviations(on) == [] and identity_tags(on)["recipe_deviations"] == ""
+    assert recipe_deviations(off) == ["uaq.s=1.5 (recipe: 1.0)"]  # the quant axis is not the recipe's
+    assert run_name(off).endswith("off-recipe qurl-gsm8k: uaq.s=1.5") and "off-recipe" not in run_name(on)
+    tags = identity_tags(off)
+    assert (tags["recipe"], tags["recipe_deviations"]) == ("qurl-gsm8k", "uaq.s=1.5 (recipe: 1.0)")
+    qarl = compose_config(["recipe=qarl-math", *paths, "quant=int8"])
+    assert recipe_deviations(qarl) == ["quant=int8 (recipe: w4a16)"]
