@@ -18,7 +18,9 @@ their tags too, falling back to the run's params (`suite.report.identity`).
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -50,7 +52,7 @@ RUN_COLUMNS = (
     "mlflow_run_id", "run_name", "experiment_id", "status", "start_time", "end_time",
     "parent_run_id", "sweep", "cell", "run_id", *AXES, "trainer_dtype", "fp8_granularity", "kernels",
     "bf16_kernels", "kernels_executed", "uaq_group_lr_s", "lr", "steps", "method", "group_key", "config",
-    "acc_metric", "recipe", "recipe_deviations",
+    "acc_metric", "recipe", "recipe_deviations", "evals",
 )
 # Identity columns the step-by-step history carries beside the axes.
 HISTORY_IDENTITY = ("trainer_dtype", "fp8_granularity", "kernels", "bf16_kernels", "uaq_group_lr_s", "steps",
@@ -59,7 +61,7 @@ HISTORY_IDENTITY = ("trainer_dtype", "fp8_granularity", "kernels", "bf16_kernels
 TEXT_COLUMNS = ("mlflow_run_id", "run_name", "experiment_id", "status", "parent_run_id", "sweep", "run_id", "backend",
                 "precision", "correction", "algo", "task", "model", "trainer_dtype", "fp8_granularity", "kernels",
                 "bf16_kernels", "kernels_executed", "method", "group_key", "config", "acc_metric", "recipe",
-                "recipe_deviations")
+                "recipe_deviations", "evals")
 # Metrics read step by step into `RunData.history` (MLflow names: docs/metrics.md, with `@`
 # sanitized to `_at_`). Held-out accuracy is task specific; `load_runs` adds its keys.
 HISTORY_KEYS = (
@@ -232,7 +234,35 @@ def _run_row(run) -> dict:
     keys = [acc_key(row["task"])] if acc_key(row["task"]) in metrics else held_out_keys(metrics)[1]
     row["acc_metric"] = ";".join(keys) or acc_key(row["task"])  # the keys `acc` averages
     row[ACC] = sum(metrics[k] for k in keys) / len(keys) if keys else _float(None)
+    row["evals"] = evals_json(metrics)
     return row
+
+
+_EVAL_KEY = re.compile(r"^eval/(?P<benchmark>.+)/(?P<engine>[^/]+)/acc/mean_at_(?P<k>\d+)$")
+
+
+def evals_json(metrics: dict) -> str:
+    """A run's `suite eval` scores (MLflow keys eval/<benchmark>/<engine>/acc/mean_at_<k>, latest value)
+    as JSON {"<benchmark>|<engine>|<k>": accuracy}: the runs frame's `evals` column ("" when none)."""
+    found = {}
+    for key, value in metrics.items():
+        m = _EVAL_KEY.match(key)
+        if m:
+            found[f"{m['benchmark']}|{m['engine']}|{m['k']}"] = float(value)
+    return json.dumps(found, sort_keys=True) if found else ""
+
+
+def eval_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run x scored (benchmark, engine, k) from the runs frame's `evals` column: the run's
+    columns, then benchmark, engine, k and acc (a fraction)."""
+    rows = []
+    for _, r in runs.iterrows():
+        if not isinstance(r.get("evals"), str) or not r["evals"]:
+            continue
+        for key, acc in json.loads(r["evals"]).items():
+            benchmark, engine, k = key.rsplit("|", 2)
+            rows.append({**r.to_dict(), "benchmark": benchmark, "engine": engine, "k": int(k), "eval_acc": acc})
+    return pd.DataFrame(rows, columns=[*runs.columns, "benchmark", "engine", "k", "eval_acc"])
 
 
 def runs_frame(runs: list) -> pd.DataFrame:
@@ -263,8 +293,9 @@ def coerce_runs(df: pd.DataFrame) -> pd.DataFrame:
         lambda v: v if isinstance(v, bool) else str(v).lower() == "true").astype(bool)
     for col in ("start_time", "end_time"):
         df[col] = pd.to_datetime(df[col], utc=True, errors="coerce")
-    if "acc_metric" not in df:  # frames and runs.csv files written before the column existed
-        df["acc_metric"] = ""
+    for col in ("acc_metric", "evals"):  # frames and runs.csv files written before the column existed
+        if col not in df:
+            df[col] = ""
     for col in TEXT_COLUMNS:
         if col == "method":
             continue

@@ -183,11 +183,12 @@ def display_status(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def display_paper_vs(df: pd.DataFrame) -> pd.DataFrame:
-    """Paired paper-vs-measured frames: the published identity, paper cells as plain numbers,
-    then the measured configuration, n, mean [95% CI], CI method and per-seed values."""
+    """Published values beside measured scores (suite.report.paper.paired_scores): where the value
+    sits, the benchmark and metric, the identity, the published value and its source, then the
+    measured configuration, bf16 and rollout acc % [95% CI] with n, and rollout - bf16."""
+    m = MEASURED_LABEL
     out = pd.DataFrame(index=df.index)
-    m = f"{MEASURED_LABEL}: "
-    for col in ("paper", "label"):
+    for col in ("paper", "table", "row", "column", "benchmark", "metric"):
         out[col] = df[col].map(_text)
     out["precision"] = [precision_label(p, g) for p, g in zip(df["precision"], df["fp8_granularity"])]
     out["method"] = df["method"]
@@ -195,19 +196,35 @@ def display_paper_vs(df: pd.DataFrame) -> pd.DataFrame:
         if col in df.columns:
             out[name] = df[col].map(lambda v: num(v, "{:g}"))
     out["algo"] = df["algo"]
-    for col in df.columns:
-        if col.startswith(f"{PAPER_LABEL}:"):
-            out[col] = df[col].map(lambda v: num(v, "{:.2f}"))
-    out[f"{m}configuration"] = df[f"{m}configuration"]
-    out[f"{m}n"] = df[f"{m}n"]
-    out[f"{m}acc % [95% CI]"] = [acc_ci(*a) for a in zip(df[f"{m}acc (%)"], df[f"{m}CI low"], df[f"{m}CI high"],
-                                                          df[f"{m}n"])]
-    out[f"{m}CI"] = df[f"{m}CI method"].map(_text)
-    out[f"{m}acc % per seed"] = [per_seed(s, v) for s, v in zip(df[f"{m}seeds"], df[f"{m}values"])]
-    if f"{m}visibility (%)" in df.columns:
-        out[f"{m}visibility (%)"] = df[f"{m}visibility (%)"].map(lambda v: num(v, "{:.3f}"))
-    out[f"{m}not averaged"] = df[f"{m}not averaged"].map(_text)
+    out["recipe"] = df["recipe"].map(_text)
+    out[f"{PAPER_LABEL}: published (%)"] = df[f"{PAPER_LABEL} (%)"].map(lambda v: num(v, "{:.2f}"))
+    out[f"{PAPER_LABEL}: source"] = df["source"].map(_text)
+    out[f"{m}: configuration"] = df[f"{m}: configuration"]
+    for engine in ("bf16", "rollout"):
+        p = f"{m} {engine}: "
+        out[f"{m}: {engine} acc % [95% CI]"] = [acc_ci(*a) for a in zip(df[p + "mean"], df[p + "ci_low"],
+                                                                          df[p + "ci_high"], df[p + "n"])]
+        out[f"{m}: {engine} n"] = df[p + "n"]
+    out[f"{m}: rollout - bf16"] = df[f"{m}: rollout - bf16"].map(lambda v: num(v, "{:+.1f}"))
     return out
+
+
+def display_eval(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-benchmark scores (tables.eval_table): the configuration, the benchmark, engine and metric,
+    acc % [95% CI], per seed, and the rollout engine's difference to bf16 (else fp32)."""
+    if df.empty:
+        return pd.DataFrame(columns=["configuration", "benchmark", "metric", "engine", "n", "acc % [95% CI]"])
+    cells = _identity_cells(df)
+    return pd.DataFrame({
+        **{k: cells[k] for k in ("task", "model", "algo", "backend", "precision", "method", "UAQ s", "LR", "steps",
+                                 "recipe", "variant")},
+        "benchmark": df["benchmark"], "metric": [f"mean@{int(k)}" for k in df["k"]], "engine": df["engine"],
+        "n": df["n"],
+        "acc % [95% CI]": [acc_ci(*a) for a in zip(df["acc_pct"], df["acc_ci_low"], df["acc_ci_high"], df["n"])],
+        "acc % per seed": [per_seed(s, v) for s, v in zip(df["seeds"], df["values"])],
+        "rollout - ref": df["rollout_minus_ref"].map(lambda v: num(v, "{:+.1f}")),
+        "not averaged": df["not_averaged"].map(_text),
+    })
 
 
 def display_paper_vs_long(df: pd.DataFrame, kind: str) -> pd.DataFrame:

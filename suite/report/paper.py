@@ -1,14 +1,19 @@
-"""The papers' published values (analysis/paper_*.csv) and their pairing with measured rows.
+"""The papers' published values (analysis/paper_*.csv) and their pairing with measured scores.
 
-Every published row carries its full identity as config values: precision, fp8_granularity,
-correction, uaq_s, aligned_forward, algo (and for the UAQ ablation lr_factor and
-uaq_group_lr_s). QuRL's "QuRL" column is correction acr with UAQ s = 1.5, its "FlashRL" column
-tis at s = 1 (FlashRL has no UAQ), "BF16" a bf16 rollout with the stock pipeline (correction
-naive, s = 1); analysis/README.md gives the mapping for every row. A measured row pairs with
-a published one only when it matches all of that identity and runs at its setting's reference
-learning rate; `algo = unstated` (the paper does not say) pairs every algo, each measured row
-showing its own. A value that is not a config value stops the report (PaperDataError), naming
-the file, the line and the key.
+Every published accuracy is one cell of a paper's table: its `table`, `row` and `column` (where it
+sits, so the report can redraw the table in the paper's layout), the `benchmark` (`benchmark_id`: the
+data source `suite data prepare` writes, or `mean:a+b+...` for an average the paper takes), the
+metric (`k` samples per prompt: 1 for greedy pass@1, 32 for Avg@32), and the trained policy's full
+identity as config values: precision, fp8_granularity, correction, uaq_s, aligned_forward, algo (and
+for the UAQ ablation lr_factor and uaq_group_lr_s), the paper `recipe` (suite.recipes) and the model
+(`model_id`, matched within the run's model name). QuRL's "QuRL" column is correction acr (UAQ s =
+1.5 where the paper uses UAQ), "FlashRL" tis at s = 1, "BF16" a bf16 rollout with the stock pipeline
+(naive, s = 1), "RL (naive)" QuRL's uncorrected run (bypass; docs/math.md); an untrained model's row
+has correction `base` and pairs with nothing. A measured value pairs with a published one only when
+all of that matches: the scores `suite eval` logged for that benchmark at that k (bf16, the papers'
+engine; the rollout engine beside it), never a run's in-training validation and never a mean over
+benchmarks the paper did not average. A value that is not a config value stops the report
+(PaperDataError), naming the file, the line and the key.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ UNSTATED = "unstated"  # an identity value the paper does not state
 NAMES = ("main", "uaq", "throughput", "kl")
 MAIN_IDENTITY = ("precision", "fp8_granularity", "correction", "aligned_forward", "uaq_s", "algo")
 UAQ_IDENTITY = (*MAIN_IDENTITY, "lr_factor", "uaq_group_lr_s")
+BASE = "base"  # the correction of an untrained model's row (a paper's "base" line): pairs with no run
+PLACE = ("paper", "table", "row", "column", "benchmark", "benchmark_id", "metric", "k", "label")
 # Columns each file must have; the identity ones are checked against the config's values.
 REQUIRED = {
-    "main": ("paper", "benchmark", "label", *MAIN_IDENTITY, "value", "source"),
-    "uaq": ("paper", "benchmark", "label", *UAQ_IDENTITY, "value", "source"),
+    "main": (*PLACE, *MAIN_IDENTITY, "recipe", "model_id", "value", "source"),
+    "uaq": (*PLACE, *UAQ_IDENTITY, "recipe", "model_id", "value", "source"),
     "throughput": ("paper", "precision", "model", "speedup_low_pct", "speedup_high_pct", "baseline", "hardware",
                    "source"),
     "kl": ("paper", "precision", "correction", "kl_start", "kl_end", "steps", "hardware", "source"),
@@ -74,6 +81,21 @@ def _positive(raw: str, row: dict) -> float:
     return v
 
 
+def _samples(raw: str, row: dict) -> int:
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError("a whole number of samples per prompt >= 1")
+    return int(raw)
+
+
+def _recipe(raw: str, row: dict) -> str:
+    from suite.recipes import DEFAULT_RECIPE, RECIPES
+
+    allowed = [n for n in RECIPES if n != DEFAULT_RECIPE]
+    if raw not in allowed:
+        raise ValueError(", ".join(repr(a) for a in allowed))
+    return raw
+
+
 def _steps(raw: str, row: dict) -> int:
     if not raw.isdigit():
         raise ValueError("a whole number of steps")
@@ -115,9 +137,13 @@ PARSERS = {
     "kl_end": _number,
     "steps": _steps,
     "baseline": _baseline,
+    "k": _samples,
+    "recipe": _recipe,
 }
-# Per file, parsers that differ: QuRL does not say under which correction its KL drift was measured.
-FILE_PARSERS = {"kl": {"correction": _choice((*CORRECTIONS, UNSTATED))}}
+# Per file, parsers that differ: QuRL does not say under which correction its KL drift was measured;
+# a main-table row may be an untrained model's.
+FILE_PARSERS = {"kl": {"correction": _choice((*CORRECTIONS, UNSTATED))},
+                "main": {"correction": _choice((*CORRECTIONS, BASE))}}
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
@@ -201,66 +227,137 @@ def matches(measured: dict, ident: dict) -> bool:
     return True
 
 
-MEASURED_FIELDS = ("task", "model", "algo", "backend", "steps", "lr", "trainer_dtype", "kernels", "bf16_kernels",
-                   "variant", "group_key", "n", "seeds", "values")
+def _model_matches(model: str, model_id: str) -> bool:
+    """A published model (`model_id`, e.g. Qwen2.5-Math-7B, or a size such as 7B) within the run's model
+    name (its checkpoint directory's name), case and separators aside."""
+    def norm(x: str) -> str:
+        return "".join(ch for ch in str(x).lower() if ch.isalnum())
+
+    return bool(model_id) and norm(model_id) in norm(model)
 
 
-def _measured(m: dict | None, stat_cols: dict) -> dict:
-    out = {f"{MEASURED_LABEL}: {k}": (m.get(k) if m else (0 if k == "n" else "")) for k in MEASURED_FIELDS}
-    out[f"{MEASURED_LABEL}: configuration"] = describe_row(m) if m else "no measured run with this identity"
-    for label, col in stat_cols.items():
-        out[f"{MEASURED_LABEL}: {label}"] = m.get(col, math.nan) if m else math.nan
-    out[f"{MEASURED_LABEL}: not averaged"] = m.get("not_averaged", "") if m else ""
-    return out
+MEASURED_FIELDS = ("task", "model", "algo", "backend", "steps", "lr", "trainer_dtype", "recipe", "group_key")
+ENGINES = ("bf16", "rollout")  # the papers' engine, and the run's rollout engine beside it
 
 
-def _paired(paper_rows: pd.DataFrame, measured: pd.DataFrame, ident_cols, stat_cols: dict, base: dict,
-            grid: list[dict] = ()) -> pd.DataFrame:
-    """One row per published identity x measured row of that identity (or one row, n = 0, when
-    none): the identity, a `paper: <paper> <benchmark> (%)` column per published benchmark, and
-    the measured row's identity, n, per-seed values and statistics."""
-    bench = list(dict.fromkeys(zip(paper_rows["paper"], paper_rows["benchmark"])))
-    real = measured[(measured["group_key"] != "")].to_dict("records")
-    real = [m for m in real if all(_same(m[k], v) for k, v in base.items())]
-    idents = []
-    for key, g in paper_rows.groupby(["paper", "label", *ident_cols], sort=False, dropna=False):
-        vals = {(p, b): v for p, b, v in zip(g["paper"], g["benchmark"], g["value"])}
-        idents.append((dict(zip(["paper", "label", *ident_cols], key)), vals))
-    idents += [(g, {}) for g in grid]
+def _per_run(evals: pd.DataFrame, benchmark_id: str, k: int, engine: str) -> pd.DataFrame:
+    """One value per run (accuracy in %) of `benchmark_id` at k samples by `engine`: the benchmark's
+    score, or for `mean:a+b+..` the mean of its parts where the run has every part (else no value)."""
+    e = evals[(evals["engine"] == engine) & (evals["k"] == k)]
+    parts = benchmark_id[len("mean:"):].split("+") if benchmark_id.startswith("mean:") else [benchmark_id]
+    e = e[e["benchmark"].isin(parts)]
     rows = []
-    for ident, vals in idents:
-        head = {"paper": ident["paper"], "label": ident["label"],
-                "method": method_label(ident["correction"], ident["aligned_forward"]),
-                **{k: ident[k] for k in ident_cols}}
-        head.update({f"{PAPER_LABEL}: {p} {b} (%)": vals.get((p, b), math.nan) for p, b in bench})
-        found = [m for m in real if matches(m, {k: ident[k] for k in ident_cols})]
-        rows += [{**head, **_measured(m, stat_cols)} for m in (found or [None])]
-    return pd.DataFrame(rows)
+    for rid, g in e.groupby("mlflow_run_id", sort=False):
+        if set(g["benchmark"]) == set(parts):
+            rows.append({**g.iloc[0].to_dict(), "value_pct": 100.0 * float(g["eval_acc"].mean())})
+    return pd.DataFrame(rows, columns=[*evals.columns, "value_pct"])
 
 
-def paper_vs_main(main: pd.DataFrame, paper_main: pd.DataFrame) -> pd.DataFrame:
-    """The papers' main tables beside ours, matched on the full identity (MAIN_IDENTITY) at the
-    reference learning rate with no per-group LR control. Published values are from the papers'
-    own models, GPUs and benchmarks; measured ones from the runs at hand."""
-    return _paired(paper_main, main, MAIN_IDENTITY,
-                   {"acc (%)": "acc_pct", "CI low": "acc_ci_low", "CI high": "acc_ci_high", "CI method": "ci_method"},
-                   {"lr_factor": 1.0, "uaq_group_lr_s": 1.0})
+def _measured(runs: pd.DataFrame, stat_cols=("n", "mean", "ci_low", "ci_high", "ci_method", "seeds", "values",
+                                             "not_averaged")) -> dict:
+    from suite.report.cells import cell_stats, empty_stats
+
+    return cell_stats(runs, "value_pct") if len(runs) else empty_stats()
 
 
-def paper_vs_uaq(uaq: pd.DataFrame, paper_uaq: pd.DataFrame, grid=()) -> pd.DataFrame:
-    """QuRL's UAQ ablation beside ours, matched on UAQ_IDENTITY (s, LR factor and per-group LR
-    control included). `grid`: (s, lr_factor, group_lr_s) settings the paper did not run, added
-    for its ablated identity with no published value (e.g. the per-group LR control)."""
+def paired_scores(paper_rows: pd.DataFrame, evals: pd.DataFrame, ident_cols) -> pd.DataFrame:
+    """One row per published value x measured configuration of its identity (one row with n = 0 when
+    none): where the value sits (paper, table, row, column), the benchmark and metric, the identity,
+    the published value and its source, then per engine (bf16, rollout) the measured n, mean, 95% CI
+    and per-seed values of `suite eval`'s scores, and rollout - bf16."""
+    out = []
+    for _, p in paper_rows.iterrows():
+        head = {c: p[c] for c in (*PLACE, *ident_cols, "recipe", "model_id")}
+        head["method"] = "base model" if p["correction"] == BASE else method_label(p["correction"],
+                                                                                  p["aligned_forward"])
+        head[f"{PAPER_LABEL} (%)"] = p["value"]
+        head["source"] = p["source"]
+        found = pd.DataFrame()
+        if p["correction"] != BASE and len(evals):
+            ident = {k: p[k] for k in ident_cols}
+            sel = evals[[matches(r, ident) and r["recipe"] == p["recipe"] and _model_matches(r["model"], p["model_id"])
+                         for r in evals.to_dict("records")]]
+            found = sel
+        configs = list(dict.fromkeys(found["group_key"])) if len(found) else [None]
+        for key in configs:
+            rows = found[found["group_key"] == key] if key is not None else found
+            row = dict(head)
+            first = rows.iloc[0].to_dict() if len(rows) else {}
+            for f in MEASURED_FIELDS:
+                row[f"{MEASURED_LABEL}: {f}"] = first.get(f, "")
+            row[f"{MEASURED_LABEL}: configuration"] = describe_row(first) if first else \
+                "no measured run of this benchmark and identity"
+            means = {}
+            for engine in ENGINES:
+                per = _per_run(rows, p["benchmark_id"], int(p["k"]), engine) if len(rows) else pd.DataFrame()
+                stats = _measured(per)
+                means[engine] = stats["mean"]
+                for stat, value in stats.items():
+                    row[f"{MEASURED_LABEL} {engine}: {stat}"] = value
+            row[f"{MEASURED_LABEL}: rollout - bf16"] = means["rollout"] - means["bf16"]
+            out.append(row)
+    return pd.DataFrame(out)
+
+
+def paper_vs_main(evals: pd.DataFrame, paper_main: pd.DataFrame) -> pd.DataFrame:
+    """Every published value of the papers' main tables beside `suite eval`'s scores of the same
+    benchmark, metric, identity, recipe and model (`paired_scores`), at the reference learning rate
+    with no per-group LR control."""
+    ref = evals[(evals["lr_factor"] == 1.0) & (evals["uaq_group_lr_s"] == 1.0)] if len(evals) else evals
+    return paired_scores(paper_main, ref, MAIN_IDENTITY)
+
+
+def paper_vs_uaq(evals: pd.DataFrame, paper_uaq: pd.DataFrame, grid=()) -> pd.DataFrame:
+    """QuRL's UAQ ablation beside the measured scores, matched on UAQ_IDENTITY (s, LR factor and
+    per-group LR control included). `grid`: (s, lr_factor, group_lr_s) settings the paper did not
+    run but the runs did (the per-group LR control), added with no published value."""
     extra = []
-    ablated = ["paper", "precision", "fp8_granularity", "correction", "aligned_forward", "algo"]
-    for key, g in paper_uaq.groupby(ablated, sort=False):
-        base = dict(zip(ablated, key))
+    for key, g in paper_uaq.groupby(["paper", "table", "benchmark", "benchmark_id", "metric", "k", "precision",
+                                     "fp8_granularity", "correction", "aligned_forward", "algo", "recipe", "model_id"],
+                                    sort=False):
         have = {(float(s), float(f), float(q)) for s, f, q in zip(g["uaq_s"], g["lr_factor"], g["uaq_group_lr_s"])}
-        extra += [{**base, "label": f"{uaq_label(s, f, q)} (not in the paper)", "uaq_s": s, "lr_factor": f,
-                   "uaq_group_lr_s": q} for s, f, q in grid if (s, f, q) not in have]
-    return _paired(paper_uaq, uaq, UAQ_IDENTITY,
-                   {"acc (%)": "acc_pct", "CI low": "acc_ci_low", "CI high": "acc_ci_high", "CI method": "ci_method",
-                    "visibility (%)": "visibility_pct"}, {}, extra)
+        base = g.iloc[0].to_dict()
+        for s, f, q in grid:
+            if (s, f, q) not in have:
+                label = f"{uaq_label(s, f, q)} (not in the paper)"
+                extra.append({**base, "row": label, "label": label, "uaq_s": s, "lr_factor": f, "uaq_group_lr_s": q,
+                              "value": math.nan, "source": "ours: the control the paper does not run"})
+    rows = pd.concat([paper_uaq, pd.DataFrame(extra)], ignore_index=True) if extra else paper_uaq
+    return paired_scores(rows, evals, UAQ_IDENTITY)
+
+
+def layout(pvs: pd.DataFrame, paper: str, table: str) -> pd.DataFrame:
+    """One paper table in its own layout: its rows and columns in the paper's order, each cell the
+    published value, then ours (bf16, mean over seeds, n) where a run of that cell was scored."""
+    sel = pvs[(pvs["paper"] == paper) & (pvs["table"] == table)]
+    rows = list(dict.fromkeys(sel["row"]))
+    cols = list(dict.fromkeys(sel["column"]))
+    out = []
+    for r in rows:
+        line = {"": r}
+        for c in cols:
+            cell = sel[(sel["row"] == r) & (sel["column"] == c)]
+            line[c] = _cell(cell) if len(cell) else ""
+        out.append(line)
+    return pd.DataFrame(out, columns=["", *cols])
+
+
+def _cell(cell: pd.DataFrame) -> str:
+    first = cell.iloc[0]
+    value = first[f"{PAPER_LABEL} (%)"]
+    text = "—" if pd.isna(value) else f"{float(value):.2f}"
+    ours = [f"{m:.1f} (n={int(n)})" for m, n in zip(cell[f"{MEASURED_LABEL} bf16: mean"],
+                                                     cell[f"{MEASURED_LABEL} bf16: n"]) if n]
+    return text + (" | ours " + ", ".join(ours) if ours else "")
+
+
+# The papers' tables the report redraws: (paper, table) -> title.
+LAYOUTS = {("QuRL", "table1"): "QuRL Table 1: GSM8K accuracy (PPO)",
+           ("QuRL", "table2"): "QuRL Table 2: AIME 2024 (DAPO)",
+           ("QuRL", "table3"): "QuRL Table 3: DeepScaleR, five benchmarks Avg@32",
+           ("QuRL", "uaq"): "QuRL UAQ ablation: AIME 2024 Avg@32 (INT8, DAPO)",
+           ("QaRL", "table1"): "QaRL Table 1: in- and out-of-distribution benchmarks",
+           ("QaRL", "table3"): "QaRL Table 3: Qwen3-8B-Base, GRPO vs TBPO"}
 
 
 def paper_vs_throughput(thr: pd.DataFrame, paper_thr: pd.DataFrame) -> pd.DataFrame:

@@ -30,12 +30,13 @@ from suite.report.cells import (FULL, GROUP, LOW_BIT, ROW_AXES, ensure_prepared,
 from suite.report.data import ACC, FINISHED, MISSING
 from suite.report.fmt import Table
 from suite.report.identity import SUPERSEDED
-from suite.report.paper import (MEASURED_LABEL, PAPER_LABEL, PaperDataError, analysis_dir, growth, load_paper,
-                                paper_vs_kl, paper_vs_main, paper_vs_throughput, paper_vs_uaq)
+from suite.report.paper import (LAYOUTS, MEASURED_LABEL, PAPER_LABEL, PaperDataError, analysis_dir, growth, layout,
+                                load_paper, paper_vs_kl, paper_vs_main, paper_vs_throughput, paper_vs_uaq)
 from suite.report.stats import CI_SEED, N_RESAMPLES, bootstrap_ci, describe, mean_ci, t_interval
 
 __all__ = ["FULL", "GROUP", "LOW_BIT", "MEASURED_LABEL", "PAPER_LABEL", "PaperDataError", "Table", "analysis_dir",
-           "bootstrap_ci", "build_tables", "kl_table", "load_paper", "main_table", "mean_ci", "paper_vs_kl",
+           "bootstrap_ci", "build_tables", "eval_scores", "eval_table", "group_lr_controls",
+           "kl_table", "load_paper", "main_table", "mean_ci", "paper_vs_kl",
            "paper_vs_main", "paper_vs_throughput", "paper_vs_uaq", "run_status", "status_counts", "t_interval",
            "throughput_table", "uaq_label", "uaq_settings", "uaq_table", "with_lr_factor"]
 
@@ -186,6 +187,56 @@ def kl_table(runs: pd.DataFrame) -> pd.DataFrame:
     return sort_rows(df)
 
 
+# ------------------------------------------------------------------------------ per-benchmark scores (suite eval)
+
+
+def eval_scores(runs: pd.DataFrame) -> pd.DataFrame:
+    """The prepared run frame's `suite eval` scores, one row per run x (benchmark, engine, k)."""
+    from suite.report.data import eval_rows
+
+    return eval_rows(ensure_prepared(runs))
+
+
+def group_lr_controls(scores: pd.DataFrame) -> list[tuple[float, float, float]]:
+    """(s, lr factor, per-group LR s) of the scored runs' per-group LR controls (the UAQ control the
+    paper does not run), for `paper_vs_uaq`."""
+    if scores.empty:
+        return []
+    c = scores[scores["uaq_group_lr_s"] != 1.0]
+    return sorted({(float(s), float(f), float(q)) for s, f, q in zip(c["uaq_s"], c["lr_factor"], c["uaq_group_lr_s"])})
+
+
+def eval_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = CI_SEED) -> pd.DataFrame:
+    """Trained policies scored per benchmark (`suite eval`): accuracy (%) per configuration x benchmark x
+    engine x k (samples per prompt), mean over finished seeds with its CI; `rollout_minus_ref` on a rollout
+    row: its mean minus the bf16 (else fp32) row's of the same configuration, benchmark and k, the
+    rollout engine's own error. Every benchmark is its own row: none is averaged with another."""
+    e = eval_scores(runs)
+    axes = (*ROW_AXES, "benchmark", "engine", "k")
+    df = pooled_frame(e, "eval_acc", 100.0, n_resamples, seed, axes=axes) if len(e) else pd.DataFrame(
+        columns=[*axes, "group_key", "variant", "n", "mean", "ci_low", "ci_high", "ci_method", "seeds", "values",
+                 "not_averaged", "recipe"])
+    means = {(g, b, k, eng): m for g, b, k, eng, m in zip(df["group_key"], df["benchmark"], df["k"], df["engine"],
+                                                          df["mean"])}
+
+    def diff(row) -> float:
+        if row["engine"] != "rollout":
+            return math.nan
+        for ref in ("bf16", "fp32"):
+            other = means.get((row["group_key"], row["benchmark"], row["k"], ref))
+            if other is not None:
+                return row["mean"] - other
+        return math.nan
+
+    df["rollout_minus_ref"] = [diff(r) for _, r in df.iterrows()]
+    df = df.rename(columns={"mean": "acc_pct", "ci_low": "acc_ci_low", "ci_high": "acc_ci_high"})
+    if df.empty:
+        return df
+    order = {e: i for i, e in enumerate(("bf16", "fp32", "rollout"))}
+    df = sort_rows(df.assign(_e=df["engine"].map(order)).sort_values(["benchmark", "k", "_e"], kind="stable"))
+    return df.drop(columns=["_e"])
+
+
 # ------------------------------------------------------------------------------ run status
 
 REASONS = {"FAILED": "the run failed", "KILLED": "the run was killed", "RUNNING": "not finished (or died unmarked)",
@@ -235,8 +286,10 @@ def build_tables(runs: pd.DataFrame, paper: dict[str, pd.DataFrame], n_resamples
     kl = kl_table(runs)
     status = run_status(runs)
     counts = ", ".join(f"{n} {s}" for s, n in status_counts(runs).items()) or "no runs"
-    pvm = paper_vs_main(main, paper["main"])
-    pvu = paper_vs_uaq(uaq, paper["uaq"], uaq_settings(uaq))
+    scores = eval_scores(runs)
+    evals = eval_table(runs, n_resamples, seed)
+    pvm = paper_vs_main(scores, paper["main"])
+    pvu = paper_vs_uaq(scores, paper["uaq"], group_lr_controls(scores))
     pvt = paper_vs_throughput(thr, paper["throughput"])
     pvk = paper_vs_kl(kl, paper["kl"])
     fill = {"ci": ci, "rows": ROWS_NOTE, "paper": PAPER_NOTE, "counts": counts, "missing": MISSING}
@@ -245,6 +298,7 @@ def build_tables(runs: pd.DataFrame, paper: dict[str, pd.DataFrame], n_resamples
         "uaq_ablation": (uaq, fmt.display_uaq(uaq)),
         "throughput": (thr, fmt.display_throughput(thr)),
         "kl_drift": (kl, fmt.display_kl(kl)),
+        "eval": (evals, fmt.display_eval(evals)),
         "paper_vs_main": (pvm, fmt.display_paper_vs(pvm)),
         "paper_vs_uaq": (pvu, fmt.display_paper_vs(pvu)),
         "paper_vs_throughput": (pvt, fmt.display_paper_vs_long(pvt, "throughput")),
@@ -252,5 +306,13 @@ def build_tables(runs: pd.DataFrame, paper: dict[str, pd.DataFrame], n_resamples
         "runs_not_averaged": (status, fmt.display_status(status)),
     }
     text = CAPTIONS["tables"]
-    return {name: Table(name, text[name]["title"], text[name]["caption"].format(**fill), data, shown)
-            for name, (data, shown) in frames.items()}
+    built = {name: Table(name, text[name]["title"], text[name]["caption"].format(**fill), data, shown)
+             for name, (data, shown) in frames.items()}
+    # the papers' own tables, in their layouts: published values, ours beside them where scored
+    both = pd.concat([pvm, pvu], ignore_index=True)
+    for (paper_name, table), title in LAYOUTS.items():
+        grid = layout(both, paper_name, table)
+        if len(grid):
+            name = f"layout_{paper_name.lower()}_{table}"
+            built[name] = Table(name, title, CAPTIONS["notes"]["layout"].format(**fill), grid, grid)
+    return built

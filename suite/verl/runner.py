@@ -291,6 +291,7 @@ def _run_head(cfg: DictConfig, run_dir: str, alloc: Allocation, env: Mapping[str
         with open(summary_path) as fh:
             return {**json.load(fh), "already_finished": True}
     nnodes = int(cfg.backend.nnodes)
+    _write_config(cfg, run_dir)
     _prepare_model(cfg, run_dir)
     rid = _mlflow_run(cfg, run_dir)
     if nnodes > 1:
@@ -329,6 +330,15 @@ def evaluate_after_training(run_dir: str, log=print) -> bool:
             f"{str(exc).splitlines()[0][:300] if str(exc) else ''}); score it with: "
             f"suite eval {run_dir} --precision {EVAL_AFTER_TRAIN}")
         return False
+
+
+def _write_config(cfg: DictConfig, run_dir: str) -> None:
+    """The resolved run config as run_dir/config.yaml (what `suite eval` and `suite export` read back)."""
+    from omegaconf import OmegaConf
+
+    from suite.tracking.rundir import CONFIG_FILE
+
+    _write(os.path.join(run_dir, CONFIG_FILE), OmegaConf.to_yaml(cfg, resolve=True))
 
 
 def _write(path: str, text: str) -> None:

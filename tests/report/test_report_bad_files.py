@@ -14,7 +14,7 @@ from suite.report.paper import analysis_dir
 
 DAMAGE = {
     "unterminated quote": ("paper_main.csv", lambda t: t + 'x,"unterminated\n', ["line", "not valid CSV"]),
-    "short row": ("paper_uaq.csv", lambda t: t + "a,b\n", ["line 7", "2 fields, the header has 16"]),
+    "short row": ("paper_uaq.csv", lambda t: t + "a,b\n", ["line 7", "2 fields, the header has 23"]),
     "long row": ("paper_kl.csv", lambda t: t.replace("\n", ",extra\n", 2).replace(",extra\n", "\n", 1),
                  ["line 2", "fields, the header has"]),
     "not UTF-8": ("paper_kl.csv", lambda t: t + "\udcff", ["not UTF-8"]),

@@ -97,6 +97,10 @@ def test_run_single_node_end_to_end(verl_cfg, tmp_path):
     assert uaq_model_dir(cfg, run_dir) == os.path.join(run_dir, "model-uaq-s1.5")
     assert f"actor_rollout_ref.model.path={uaq_model_dir(cfg, run_dir)}" in seen["argv"]
     assert json.loads((tmp_path / "runs" / "cell0" / "summary.json").read_text())["final_acc"] == 0.625
+    from omegaconf import OmegaConf  # the resolved config, as `suite eval` reads it back
+
+    assert OmegaConf.to_container(OmegaConf.load(tmp_path / "runs" / "cell0" / "config.yaml")) == \
+        OmegaConf.to_container(cfg, resolve=True)
     # the UAQ copy was made (and verified) before launch
     with open(f"{uaq_model_dir(cfg, run_dir)}/uaq.json") as fh:
         uaq_meta = json.load(fh)

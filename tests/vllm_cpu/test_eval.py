@@ -32,8 +32,10 @@ TASKS = {}
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    name, level = re.fullmatch(r"(\\w+)-d(\\d)", data_source).groups()
-    task = TASKS.setdefault(data_source, make_task(name, int(level)))
+    # the held-out sets are <task>-d<level>; the exported training set is the task's own name
+    m = re.fullmatch(r"(\\w+)-d(\\d)", data_source)
+    name, level = (m.group(1), int(m.group(2))) if m else (data_source, int((extra_info or {}).get("difficulty", 1)))
+    task = TASKS.setdefault((name, level), make_task(name, level))
     return float(task.verify(solution_str, Example(prompt="", response="", answer=str(ground_truth))))
 '''
 
