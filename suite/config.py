@@ -29,7 +29,8 @@ from suite.backend import BACKENDS as _BACKEND_PACKAGES
 from suite.overrides import ConfigError, check_override_types, parse_overrides  # noqa: F401
 from suite.overrides import check as _check
 from suite.core.losses import CORRECTIONS as _LOSS_REGISTRY
-from suite.core.losses import TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP
+from suite.core.losses import (TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP,
+                               TBPO_SEQ_WEIGHT, TBPO_SEQ_WEIGHTS)
 from suite.core.quant import FP8_GRANULARITIES, PRECISIONS  # noqa: F401  (PRECISIONS: the quantizer registry)
 from suite.core.quant import LOW_BIT_PRECISIONS, WINT_BITS, WINT_GROUP_SIZES
 # re-exported: a run's identity is part of its config's API
@@ -119,6 +120,8 @@ class CorrectionConfig:
     tbpo_delta_neg_low: float = TBPO_DELTA_NEG_LOW  # TBPO: negative-advantage band lower edge 1 - delta_neg_low
     tbpo_delta_neg_high: float = TBPO_DELTA_NEG_HIGH  # TBPO: negative-advantage band upper edge 1 + delta_neg_high
     tbpo_seq_cap: float = TBPO_SEQ_CAP  # TBPO: cap of the sequence-level IS weight w_seq
+    # TBPO: w_seq as QaRL's length-normalised geometric mean (geomean) or verl's sequence IS product (product)
+    tbpo_seq_weight: str = TBPO_SEQ_WEIGHT
     # QaRL: trainer forward uses the rollout quantizer (fake-quant, STE; W8A8 for int8/fp8)
     aligned_forward: bool = False
 
@@ -414,6 +417,7 @@ def validate(cfg: DictConfig) -> None:
     check_number(cfg, "algo.overlong_penalty", 0)
     check_number(cfg, "correction.tis_cap", 1)
     check_number(cfg, "correction.tbpo_seq_cap", 1)
+    check_choice(cfg, "correction.tbpo_seq_weight", TBPO_SEQ_WEIGHTS)
     for k in ("tbpo_delta_pos", "tbpo_delta_neg_high"):
         check_number(cfg, f"correction.{k}", 0, lo_open=True)
     check_number(cfg, "correction.tbpo_delta_neg_low", 0, 1, lo_open=True, hi_open=True)

@@ -28,6 +28,7 @@ OMITTED_AT_DEFAULT = {
     "quant.outlier_channels": 4,
     "task.eval_rollout_copy": False,
     "train.grad_probe_every": 0,
+    "correction.tbpo_seq_weight": "geomean",
     # the verl backend's recipe settings (suite.verl.config): verl's own behaviour without them
     "backend.val_n": 1,
     "backend.val_top_p": 1.0,

@@ -297,6 +297,10 @@ RECIPES: dict[str, Recipe] = {
             "correction.tbpo_delta_neg_low": Value(3e-4, QARL + " (2nd-hand): neg_seq_clip_ratio_low"),
             "correction.tbpo_delta_neg_high": Value(7e-4, QARL + " (2nd-hand): neg_seq_clip_ratio_high"),
             "correction.tbpo_seq_cap": Value(2.0, QARL + " (2nd-hand): seq_tis_imp_ratio_cap"),
+            # QaRL's sequence ratio is length-normalised (2nd-hand) and its deltas are GSPO's, which only bind
+            # on a geometric mean; verl's sequence IS weight (a product) is `correction.tbpo_seq_weight=product`
+            "correction.tbpo_seq_weight": Value("geomean", QARL + " (2nd-hand): length-normalised sequence ratio "
+                                                "(GSPO's, whose clip values its deltas are)"),
             "correction.aligned_forward": Value(True, QARL + ": the rollout-aligned training forward"),
             "quant.group_size": Value(128, OURS + ": W4A16's usual group (QaRL does not state it)"),
             "backend.tensor_parallel_size": Value(1, OURS + ": one GPU per rollout replica of a 1.5B / 7B model "

@@ -42,6 +42,13 @@ TBPO_DELTA_POS = 4e-4
 TBPO_DELTA_NEG_LOW = 3e-4
 TBPO_DELTA_NEG_HIGH = 3e-3
 TBPO_SEQ_CAP = 2.0
+# TBPO's sequence-level importance weight w_seq = pi_prox / pi_behav of the whole response, in one of two
+# forms. QaRL's text (2nd-hand) defines it length-normalised, as its sequence ratio R_seq and GSPO: the
+# geometric mean exp(mean_t log r_t), which sits near 1 at any length. verl's sequence-level rollout IS
+# (rollout_is=sequence) is the product exp(sum_t log r_t), the unbiased sequence weight, which drifts away
+# from 1 as responses grow and so meets the cap C_seq far more often. Both are offered; the default is QaRL's.
+TBPO_SEQ_WEIGHTS = ("geomean", "product")
+TBPO_SEQ_WEIGHT = "geomean"
 
 
 def _fmask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -155,6 +162,7 @@ def policy_loss(
     tbpo_delta_neg_low: float = TBPO_DELTA_NEG_LOW,
     tbpo_delta_neg_high: float = TBPO_DELTA_NEG_HIGH,
     tbpo_seq_cap: float = TBPO_SEQ_CAP,
+    tbpo_seq_weight: str = TBPO_SEQ_WEIGHT,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled-PPO policy loss under a quantized rollout actor; returns ``(loss, stats)``.
 
@@ -174,7 +182,8 @@ def policy_loss(
       equals verl vanilla with ``rollout_is_weights = min(exp(prox - behav), C)``.
     - "acr"    (QuRL Eq. ACR, arXiv 2602.13953): ``min(r, C) * min(R A, clip(R, lo, (1+clip_high)/r) A)``.
     - "tbpo"   (QaRL TBPO, arXiv 2604.07853), sequence level: ``R_s = exp(mean_t log(pi_theta/pi_prox))``,
-      ``w_s = min(exp(mean_t log(pi_prox/pi_behav)), tbpo_seq_cap)``; a token with A > 0 has
+      ``w_s = min(exp(mean_t log(pi_prox/pi_behav)), tbpo_seq_cap)`` (``tbpo_seq_weight="product"``:
+      ``exp(sum_t ...)``, verl's sequence-level IS weight; TBPO_SEQ_WEIGHTS); a token with A > 0 has
       objective ``w_s * A * min(R_s, 1 + tbpo_delta_pos)``; a token with A < 0 has
       ``w_s * A * R_s`` inside the trust band ``[1 - tbpo_delta_neg_low, 1 + tbpo_delta_neg_high]``
       and is masked (objective 0, no gradient) outside it. Masked tokens stay in the
@@ -218,7 +227,7 @@ def policy_loss(
     return _LOSS_FNS[mode](
         logp, prox_logp, behav_logp, advantages, mask, agg=agg, clip_low=clip_low, clip_high=clip_high,
         tis_cap=tis_cap, dual_clip=dual_clip, tbpo_delta_pos=tbpo_delta_pos, tbpo_delta_neg_low=tbpo_delta_neg_low,
-        tbpo_delta_neg_high=tbpo_delta_neg_high, tbpo_seq_cap=tbpo_seq_cap,
+        tbpo_delta_neg_high=tbpo_delta_neg_high, tbpo_seq_cap=tbpo_seq_cap, tbpo_seq_weight=tbpo_seq_weight,
     )
 
 
@@ -321,14 +330,15 @@ def _acr(logp, prox_logp, behav_logp, advantages, mask, *, tis_cap, clip_high, *
 
 @register_correction(
     "tbpo", label="TBPO", needs_prox=True, needs_behav=True, level="sequence",
-    params=("tbpo_delta_pos", "tbpo_delta_neg_low", "tbpo_delta_neg_high", "tbpo_seq_cap"),
+    params=("tbpo_delta_pos", "tbpo_delta_neg_low", "tbpo_delta_neg_high", "tbpo_seq_cap", "tbpo_seq_weight"),
     reproduces="QaRL trust-band policy optimisation (arXiv 2604.07853): sequence ratio, dual-clipped band "
                "for negative samples",
     verl="plugin")
 def _tbpo(logp, prox_logp, behav_logp, advantages, mask, *, agg, tbpo_delta_pos, tbpo_delta_neg_low,
-          tbpo_delta_neg_high, tbpo_seq_cap, **_):
+          tbpo_delta_neg_high, tbpo_seq_cap, tbpo_seq_weight=TBPO_SEQ_WEIGHT, **_):
     return _tbpo_loss(logp, prox_logp, behav_logp, advantages, mask, agg=agg, delta_pos=tbpo_delta_pos,
-                      delta_neg_low=tbpo_delta_neg_low, delta_neg_high=tbpo_delta_neg_high, seq_cap=tbpo_seq_cap)
+                      delta_neg_low=tbpo_delta_neg_low, delta_neg_high=tbpo_delta_neg_high, seq_cap=tbpo_seq_cap,
+                      seq_weight=tbpo_seq_weight)
 
 
 def _tbpo_loss(
@@ -343,8 +353,11 @@ def _tbpo_loss(
     delta_neg_low: float,
     delta_neg_high: float,
     seq_cap: float,
+    seq_weight: str = TBPO_SEQ_WEIGHT,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """TBPO (QaRL arXiv 2604.07853); see :func:`policy_loss` for the objective."""
+    if seq_weight not in TBPO_SEQ_WEIGHTS:
+        raise ValueError(f"tbpo_seq_weight={seq_weight!r}; allowed: {', '.join(TBPO_SEQ_WEIGHTS)}")
     if delta_pos < 0 or delta_neg_high < 0 or not 0 <= delta_neg_low < 1:
         raise ValueError(
             f"tbpo deltas: delta_pos={delta_pos} >= 0, delta_neg_low={delta_neg_low} in [0, 1), "
@@ -361,7 +374,10 @@ def _tbpo_loss(
     # GSPO-style length-normalised sequence ratio (arXiv 2507.18071 Eq. 7), gradient via logp.
     log_r_seq = masked_mean(logp - prox_logp.detach(), m, dim=-1).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # [B]
     r_seq = torch.exp(log_r_seq)  # [B]
-    log_w = masked_mean((prox_logp - behav_logp).detach(), m, dim=-1).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # [B]
+    log_r = (prox_logp - behav_logp).detach()  # [B, T]
+    # geomean: mean_t log r (QaRL, length-normalised); product: sum_t log r (verl's sequence IS weight)
+    log_w = (masked_mean(log_r, m, dim=-1) if seq_weight == "geomean" else (log_r * m).sum(-1))  # [B]
+    log_w = log_w.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # [B]
     w_raw = torch.exp(log_w)  # [B]
     w = w_raw.clamp(max=seq_cap)  # [B]
 

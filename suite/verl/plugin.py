@@ -57,7 +57,7 @@ from suite.verl import LOSS_PARAMS_ENV
 
 
 
-def _env_params(mode: str) -> dict[str, float]:
+def _env_params(mode: str) -> dict[str, float | str]:
     wanted = CORRECTIONS[mode].params
     raw = os.environ.get(LOSS_PARAMS_ENV)
     if raw is None:
@@ -70,7 +70,7 @@ def _env_params(mode: str) -> dict[str, float]:
     missing = [k for k in wanted if k not in values]
     if missing:
         raise RuntimeError(f"{LOSS_PARAMS_ENV} lacks {', '.join(missing)} for suite loss mode {mode!r}: {raw}")
-    return {k: float(values[k]) for k in wanted}
+    return {k: values[k] if isinstance(values[k], str) else float(values[k]) for k in wanted}
 
 
 def behav_from_is_weights(old_log_prob: torch.Tensor, rollout_is_weights: torch.Tensor | None,

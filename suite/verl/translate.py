@@ -220,7 +220,8 @@ def loss_env(cfg: DictConfig) -> dict[str, str]:
     c = CORRECTIONS[cfg.correction.mode]
     env = {}
     if c.verl == "plugin":  # one JSON value: the parameters the registered loss reads (suite.verl.plugin)
-        env[LOSS_PARAMS_ENV] = json.dumps({k: float(cfg.correction[k]) for k in c.params}, sort_keys=True)
+        env[LOSS_PARAMS_ENV] = json.dumps({k: cfg.correction[k] if isinstance(cfg.correction[k], str)
+                                           else float(cfg.correction[k]) for k in c.params}, sort_keys=True)
     q = cfg.quant
     rollout = verl_rollout(q.precision, q.fp8_granularity)  # None: a precision verl has no rollout for
     if rollout is not None and rollout.weight_sync is not None:

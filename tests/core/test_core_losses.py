@@ -340,3 +340,27 @@ def test_entropy_from_logits() -> None:
     torch.testing.assert_close(entropy_from_logits(torch.zeros(2, 5, dtype=D)), t([math.log(5)] * 2))
     p = t([0.5, 0.25, 0.25])
     torch.testing.assert_close(entropy_from_logits(torch.log(p) + 3.0), -(p * p.log()).sum())
+def test_tbpo_sequence_weight_as_geometric_mean_or_product_by_hand():
+    """w_seq = min(exp(mean_t log r), C) (QaRL's, the default) or min(exp(sum_t log r), C) (verl's
+    sequence IS weight), r = pi_prox / pi_behav over the valid tokens; one sequence of A > 0 inside
+    the band, so the loss is -w * A * R_seq with R_seq = 1 (logp = prox)."""
+    import math
+
+    from suite.core.losses import policy_loss
+
+    prox = torch.tensor([[-1.0, -2.0, -0.5, 0.0]])
+    behav = torch.tensor([[-1.1, -2.3, -0.45, 0.0]])  # log r = 0.1, 0.3, -0.05 (the last token is padding)
+    mask = torch.tensor([[1, 1, 1, 0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0, 1.0]])
+    common = dict(mode="tbpo", agg="token-mean", tbpo_delta_pos=0.1, tbpo_seq_cap=2.0)
+    for form, log_w in (("geomean", (0.1 + 0.3 - 0.05) / 3), ("product", 0.1 + 0.3 - 0.05)):
+        loss, stats = policy_loss(prox.clone(), prox, behav, adv, mask, tbpo_seq_weight=form, **common)
+        w = min(math.exp(log_w), 2.0)
+        assert loss.item() == pytest.approx(-w, rel=1e-6), form
+        assert stats["rollout_corr/rollout_is_mean"] == pytest.approx(w, rel=1e-6)
+    long_behav = behav - 0.5  # log r grows with length in the product, stays per-token in the mean
+    _, geo = policy_loss(prox.clone(), prox, long_behav, adv, mask, tbpo_seq_weight="geomean", **common)
+    _, prod = policy_loss(prox.clone(), prox, long_behav, adv, mask, tbpo_seq_weight="product", **common)
+    assert geo["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0 and prod["rollout_corr/rollout_is_max"] == 2.0
+    with pytest.raises(ValueError, match="tbpo_seq_weight='sum'; allowed: geomean, product"):
+        policy_loss(prox, prox, behav, adv, mask, tbpo_seq_weight="sum", **common)

@@ -162,7 +162,7 @@ def _check_semantics(cfg, v, label):
         params = json.loads(env.SUITE_LOSS_PARAMS)
         assert params == ({"tis_cap": c.tis_cap} if c.mode == "acr" else
                           {k: c[k] for k in ("tbpo_delta_pos", "tbpo_delta_neg_low", "tbpo_delta_neg_high",
-                                             "tbpo_seq_cap")}), label
+                                             "tbpo_seq_cap", "tbpo_seq_weight")}), label
     assert rc.bypass_mode is (c.mode == "bypass") and rc.rollout_is_batch_normalize is False, label
     if c.mode == "bypass":
         assert rc.loss_type == "ppo_clip", label
