@@ -163,3 +163,25 @@ class TestBadInputs:
         _refused(_suite("eval", copy), "holds no checkpoint")
         assert not (copy / "eval").exists()
         assert _metrics(uri, run_dir) == before
+
+
+def test_a_sweep_file_scores_its_finished_cells(tmp_path, warmstart_cache):
+    """`suite eval SWEEP_FILE OVERRIDES`: refused while no cell has finished (nothing written), then,
+    once the sweep ran, every finished cell scored (locally: the sweep's launcher is local)."""
+    sweep = tmp_path / "tiny.yaml"
+    sweep.write_text("name: evalsweep\nbase: [" + ", ".join(TINY).replace("steps=4", "steps=2") + "]\n"
+                     "matrix:\n  seed: [0, 1]\nlauncher:\n  name: local\n  max_parallel: 1\n")
+    over = [f"warm_start.cache_dir={warmstart_cache}", f"out_dir={tmp_path / 'runs'}",
+            f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    _refused(_suite("eval", sweep, *over), "none of its 2 cells has finished")
+    assert not (tmp_path / "runs").exists()
+    proc = _suite("sweep", sweep, *over, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _suite("eval", sweep, *over, "--precision", "fp32", "--benchmarks", "arith-d1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 finished cell(s) of 2" in proc.stdout
+    cells = [p for p in (tmp_path / "runs").iterdir() if (p / "summary.json").is_file()]
+    assert len(cells) == 2
+    for run_dir in cells:
+        (s,) = read_results(run_dir, 2)
+        assert s.acc == json.loads((run_dir / "summary.json").read_text())["final_acc"]
