@@ -108,6 +108,19 @@ def test_job_array_with_a_failing_cell_lands_in_mlflow(slurm_cluster, tmp_path, 
     st = _suite("status", str(path), cwd=tmp_path)
     line = next(ln for ln in st.stdout.splitlines() if ln.split()[:1] == ["2"])
     assert line.split()[1:3] == ["failed", new["job_id"]], st.stdout
+    # `suite eval` of the sweep scores its two finished cells as SLURM jobs (the sweep's launcher)
+    ev = _suite("eval", str(path), "--precision", "fp32", "--benchmarks", "arith-d2", cwd=tmp_path, timeout=900)
+    assert ev.returncode == 0, ev.stdout + ev.stderr
+    assert "2 finished cell(s) of 3" in ev.stdout and "submitted 2 SLURM job(s)" in ev.stdout, ev.stdout
+    from suite.evaluation import read_results
+
+    for cell in ("0", "1"):
+        run_dir = Path(by_cell[cell].data.tags["run_dir"]) if "run_dir" in by_cell[cell].data.tags else next(
+            d for d in runs.glob("grpo-*") if (d / "summary.json").is_file()
+            and json.loads((d / "mlflow_run.json").read_text())["run_id"] == by_cell[cell].info.run_id)
+        (score,) = read_results(run_dir, 4)
+        assert score.acc == json.loads((run_dir / "summary.json").read_text())["final_acc"]  # its own level, fp32
+    assert list((runs / "_sweeps" / "arr" / "eval").glob("*_log.out"))  # submitit's logs of the eval jobs
 
 
 def test_cancelled_sweep_ends_cleanly(slurm_cluster, tmp_path, sweep_env):
