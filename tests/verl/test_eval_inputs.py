@@ -66,3 +66,42 @@ def test_each_bad_input_is_refused_and_nothing_is_written(verl_run, tmp_path):
     (tmp_path / "val.parquet").unlink()
     _refused(_suite("eval", verl_run), "val.parquet: no such data file")
     assert not (verl_run / "eval").exists()
+
+
+@pytest.mark.parametrize("quant, expect", [("quant=int8", "requantize"), ("quant=w4a16", "fake_quant"),
+                                           ("quant=bf16", "bf16"), ("quant=fp8 quant.fp8_granularity=block", "fp8"),
+                                           ("quant=fp8 quant.fp8_granularity=per_channel", "requantize")])
+def test_the_rollout_engine_is_the_checkpoint_a_sync_reproduces(tiny_qwen2, tmp_path, quant, expect):
+    """What `suite eval --precision rollout` serves for each rollout precision, from a merged model:
+    INT8 / per-channel FP8 the compressed-tensors checkpoint the weight sync reproduces, W4A16 the weights
+    rounded to the run's grid (every block linear exactly `fake_quant_weights`, the rest unchanged), block
+    FP8 vLLM's own online quantization, bf16 the merged model itself."""
+    import torch
+    from safetensors.torch import load_file
+
+    from suite.config import compose_config
+    from suite.verl.evaluate import rollout_model
+    from suite.verl.int8_hook import fake_quant_weights, is_quantized_linear
+    from suite.verl.rollout_quant import rollout_scheme
+
+    cfg = compose_config(["backend=verl", f"backend.model_path={tiny_qwen2}", "backend.train_files=/t",
+                          "backend.val_files=/v", *quant.split()])
+    model, extra, detail = rollout_model(cfg, tiny_qwen2, tmp_path / "rollout")
+    if expect == "requantize":
+        qc = json.loads((model / "config.json").read_text())["quantization_config"]
+        assert qc["quant_method"] == "compressed-tensors" and "W8A8" in detail and extra == {}
+    elif expect == "fake_quant":
+        orig = {k: v for p in tiny_qwen2.glob("*.safetensors") for k, v in load_file(p).items()}
+        got = {k: v for p in model.glob("*.safetensors") for k, v in load_file(p).items()}
+        scheme = rollout_scheme("w4a16", group_size=cfg.quant.group_size, symmetric=cfg.quant.symmetric)
+        want = dict(fake_quant_weights(orig.items(), scheme))
+        assert set(got) == set(orig) and any(is_quantized_linear(k) for k in got)
+        assert any(not torch.equal(got[k], orig[k]) for k in got if is_quantized_linear(k))  # really rounded
+        for k in got:
+            torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+            assert is_quantized_linear(k) or torch.equal(got[k], orig[k])
+        assert (model / "config.json").is_file() and "w4a16-rounded" in detail
+    elif expect == "fp8":
+        assert model == tiny_qwen2 and extra == {"quantization": "fp8"}
+    else:
+        assert model == tiny_qwen2 and extra == {}
