@@ -2,7 +2,8 @@
 
 The benchmarks stand in for the papers' on CPU: the run's task at each difficulty level whose
 prompts and responses fit the model (``arith-d1`` .. ``arith-d4``), each the level's held-out prompts
-(the trainer's evaluation set: ``task.n_eval`` of them, the same seed), graded by the task's
+(the trainer's evaluation set: ``task.n_eval`` of them, the same seed, or all a level holds out when it
+has fewer: arith-d1 holds out 75), graded by the task's
 exact-answer ``verify``. The run's own level is the set its in-training validation scored: the
 ``fp32`` engine at the last checkpoint reproduces that accuracy exactly.
 
@@ -150,7 +151,8 @@ def evaluate(cfg: DictConfig, run_dir: str, *, step: int, engines: list[str], na
         for name in names:
             difficulty, budget = table[name]
             task = make_task(cfg.task.name, difficulty)
-            prompts = make_split(task, cfg.task.n_eval, EVAL_SEED, "eval")
+            # the trainer's held-out prompts; a level with fewer than task.n_eval (arith-d1 holds out 75) all it has
+            prompts = make_split(task, cfg.task.n_eval, EVAL_SEED, "eval", allow_fewer=True)
             for protocol, seed in protocols(cfg, budget):
                 probe = Score(name, engine, detail, protocol, step, len(prompts), 0, 0.0, 0.0)
                 if any(probe.same_job(d) for d in done):

@@ -266,13 +266,13 @@ def sample_split(task: Task, rng: random.Random, split: str) -> Example:
             return ex
 
 
-def make_split(task: Task, n: int, seed: int, split: str) -> list[Example]:
+def make_split(task: Task, n: int, seed: int, split: str, *, allow_fewer: bool = False) -> list[Example]:
     """``n`` examples of ``split`` ("train" | "eval"), deterministic in (task, difficulty, seed,
     split). Train and eval prompts are disjoint by ``prompt_split`` for every n and seed.
 
     "eval": ``n`` distinct prompts, so each held-out prompt counts once in an accuracy. When
     the split has fewer than ``n`` prompts (arith difficulty 1 holds out 75 of its 429), this
-    raises a ValueError saying how many exist.
+    raises a ValueError saying how many exist, or with ``allow_fewer`` returns all of them.
     "train": ``n`` independent draws from the train split, i.e. the task's distribution with
     held-out prompts removed. Repeats are allowed: they are rare in large prompt spaces and
     unavoidable in small ones (arith difficulty 2 has ~11.5k train prompts), and the pool costs
@@ -296,6 +296,8 @@ def make_split(task: Task, n: int, seed: int, split: str) -> list[Example]:
         if ex.prompt in seen:
             stale += 1
             if stale >= patience:
+                if allow_fewer:
+                    return out
                 raise ValueError(
                     f"task {task.name!r} difficulty {task.difficulty}: found only {len(out)} "
                     f"distinct {split!r} prompts (asked for {n}; no new one in {patience} "

@@ -169,7 +169,10 @@ def test_a_sweep_file_scores_its_finished_cells(tmp_path, warmstart_cache):
     """`suite eval SWEEP_FILE OVERRIDES`: refused while no cell has finished (nothing written), then,
     once the sweep ran, every finished cell scored (locally: the sweep's launcher is local)."""
     sweep = tmp_path / "tiny.yaml"
-    sweep.write_text("name: evalsweep\nbase: [" + ", ".join(TINY).replace("steps=4", "steps=2") + "]\n"
+    base = [x for x in TINY if not x.startswith(("steps=", "task.difficulty=", "task.n_eval="))]
+    # difficulty 2 with 96 held-out prompts: arith-d1 holds out only 75, which are all scored
+    base += ["steps=2", "task.difficulty=2", "task.n_eval=96"]
+    sweep.write_text("name: evalsweep\nbase: [" + ", ".join(base) + "]\n"
                      "matrix:\n  seed: [0, 1]\nlauncher:\n  name: local\n  max_parallel: 1\n")
     over = [f"warm_start.cache_dir={warmstart_cache}", f"out_dir={tmp_path / 'runs'}",
             f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
@@ -177,11 +180,12 @@ def test_a_sweep_file_scores_its_finished_cells(tmp_path, warmstart_cache):
     assert not (tmp_path / "runs").exists()
     proc = _suite("sweep", sweep, *over, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = _suite("eval", sweep, *over, "--precision", "fp32", "--benchmarks", "arith-d1", cwd=tmp_path)
+    proc = _suite("eval", sweep, *over, "--precision", "fp32", "--benchmarks", "arith-d1,arith-d2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 finished cell(s) of 2" in proc.stdout
     cells = [p for p in (tmp_path / "runs").iterdir() if (p / "summary.json").is_file()]
     assert len(cells) == 2
     for run_dir in cells:
-        (s,) = read_results(run_dir, 2)
-        assert s.acc == json.loads((run_dir / "summary.json").read_text())["final_acc"]
+        scores = {s.benchmark: s for s in read_results(run_dir, 2)}
+        assert scores["arith-d2"].acc == json.loads((run_dir / "summary.json").read_text())["final_acc"]
+        assert (scores["arith-d2"].n_prompts, scores["arith-d1"].n_prompts) == (96, 75)

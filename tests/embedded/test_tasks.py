@@ -439,3 +439,12 @@ def test_flaw_op_auto_and_errors():
         resolve_flaw_op("arith", "/")
     with pytest.raises(ValueError, match="not a trace"):
         flawed_response("no equations here", "+")
+
+
+def test_a_split_smaller_than_asked_is_refused_or_given_whole():
+    task = make_task("arith", 1)
+    with pytest.raises(ValueError, match="found only 75 distinct 'eval' prompts"):
+        make_split(task, 128, seed=3, split="eval")
+    every = make_split(task, 128, seed=3, split="eval", allow_fewer=True)
+    assert len(every) == len({e.prompt for e in every}) == 75
+    assert make_split(task, 40, seed=3, split="eval", allow_fewer=True) == make_split(task, 40, seed=3, split="eval")
