@@ -189,10 +189,16 @@ def _eval_sweep(args: argparse.Namespace) -> int:
     print(f"suite eval: {len(finished)} finished cell(s) of {len(sweep.cells)} in {args.target}", flush=True)
     if sweep.launcher.name == "slurm":
         return _eval_on_slurm(sweep, finished, args)
+    failed = 0
     for c in finished:
         print(f"suite eval: cell {c.index} {c.run_id}", flush=True)
-        print(_table(eval_run(c.run_dir, args.precision, args.benchmarks, args.checkpoint, args.force)))
-    return 0
+        try:
+            print(_table(eval_run(c.run_dir, args.precision, args.benchmarks, args.checkpoint, args.force)))
+        except Exception as exc:  # noqa: BLE001 - one cell's failure is reported; the others are still scored
+            failed += 1
+            first = str(exc).splitlines()[0][:300] if str(exc) else ""
+            print(f"suite eval: cell {c.index} {c.run_id} failed: {type(exc).__name__}: {first}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def eval_job(run_dir: str, precision, benchmarks, checkpoint: str, force: bool) -> int:
