@@ -1,8 +1,8 @@
 """`suite eval`: a trained policy scored per benchmark, the papers' way.
 
 The papers compare trained policies, scored in BF16, per benchmark: GSM8K greedy pass@1, AIME 2024
-Avg@32, each DeepScaleR / QaRL benchmark on its own (../shared/SPEC.md, "How the published accuracies
-are scored"). A run's in-training validation is neither on the verl backend: verl validates with its
+Avg@32, each DeepScaleR / QaRL benchmark on its own (QuRL arXiv 2602.13953 Tables 1-3, QaRL arXiv
+2604.07853 Table 1; docs/eval.md). A run's in-training validation is neither on the verl backend: verl validates with its
 rollout engine, the INT8 / FP8 / W4A16 copy, and averages nothing per benchmark by itself. So a run's
 checkpoint is scored here by two engines:
 
