@@ -2,9 +2,9 @@
 
 The papers compare trained policies, scored in BF16, per benchmark: GSM8K greedy pass@1, AIME 2024
 Avg@32, each DeepScaleR / QaRL benchmark on its own (QuRL arXiv 2602.13953 Tables 1-3, QaRL arXiv
-2604.07853 Table 1; docs/eval.md). A run's in-training validation is neither on the verl backend: verl validates with its
-rollout engine, the INT8 / FP8 / W4A16 copy, and averages nothing per benchmark by itself. So a run's
-checkpoint is scored here by two engines:
+2604.07853 Table 1; docs/eval.md). A run's in-training validation is neither on the verl backend:
+verl validates with its rollout engine, the INT8 / FP8 / W4A16 copy, and averages nothing per
+benchmark by itself. So a run's checkpoint is scored here by two engines:
 
 - ``bf16`` (verl: the FSDP checkpoint merged by verl's model merger, served by vLLM in bf16; embedded:
   the checkpoint's actor on the suite's bf16 engine), and ``fp32`` on the embedded backend (its
