@@ -38,15 +38,7 @@ __all__ = ["FULL", "GROUP", "LOW_BIT", "MEASURED_LABEL", "PAPER_LABEL", "PaperDa
            "bootstrap_ci", "build_tables", "eval_scores", "eval_table", "group_lr_controls",
            "kl_table", "load_paper", "main_table", "mean_ci", "paper_vs_kl",
            "paper_vs_main", "paper_vs_throughput", "paper_vs_uaq", "run_status", "status_counts", "t_interval",
-           "throughput_table", "uaq_label", "uaq_settings", "uaq_table", "with_lr_factor"]
-
-# QuRL's UAQ ablation as (s, lr factor, per-group LR s): s = 1 / 1.25 / 1.5 / 2, the global LR x1.5 / x2
-# controls at s = 1, and the per-group LR control that does what UAQ s does under Adam, without rescaling.
-# Only the order rows are shown in: a table lists the configurations that ran (or a sweep expected),
-# never a setting nobody asked for (the published values stand in the paper-comparison tables).
-UAQ_GRID = ((1.0, 1.0, 1.0), (1.25, 1.0, 1.0), (1.5, 1.0, 1.0), (2.0, 1.0, 1.0), (1.0, 1.5, 1.0), (1.0, 2.0, 1.0),
-            (1.0, 1.0, 1.5), (1.0, 1.0, 2.0))
-
+           "throughput_table", "uaq_label", "uaq_table", "with_lr_factor"]
 
 ACC_COLUMNS = {"mean": "acc_pct", "ci_low": "acc_ci_low", "ci_high": "acc_ci_high"}
 
@@ -99,13 +91,6 @@ def uaq_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = CI
     df.insert(len(ROW_AXES) + 2, "setting",
               [uaq_label(s, f, q) for s, f, q in zip(df["uaq_s"], df["lr_factor"], df["uaq_group_lr_s"])])
     return sort_rows(df.rename(columns=ACC_COLUMNS))
-
-
-def uaq_settings(uaq: pd.DataFrame) -> list[tuple[float, float, float]]:
-    """(s, lr factor, per-group LR s) of the UAQ table's rows that have runs, in UAQ_GRID order first."""
-    have = {(float(s), float(f), float(q)) for s, f, q, n in
-            zip(uaq["uaq_s"], uaq["lr_factor"], uaq["uaq_group_lr_s"], uaq["n"]) if n}
-    return [g for g in UAQ_GRID if g in have] + sorted(have - set(UAQ_GRID))
 
 
 # ------------------------------------------------------------------------------ throughput
