@@ -123,13 +123,6 @@ def write_results(run_dir: str | os.PathLike, step: int, scores: list[Score]) ->
     return path
 
 
-def mlflow_key(key: str) -> str:
-    """MLflow's spelling of a metric key (suite.tracking.mlflow_logger: `@` as `_at_`)."""
-    from suite.tracking.mlflow_logger import mlflow_metric_key
-
-    return mlflow_metric_key(key)
-
-
 def log_to_mlflow(tracking_uri: str, mlflow_run_id: str, scores: list[Score]) -> tuple[int, str]:
     """Send each score MLflow lacks (its key at its step) to the run; (how many were sent, the
     problem or ""). The run's status is left as it is; an unreachable server answers in seconds."""
@@ -149,10 +142,12 @@ def _send(tracking_uri: str, mlflow_run_id: str, scores: list[Score]) -> int:
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
+    from suite.tracking.mlflow_logger import mlflow_metric_key  # MLflow's spelling: `@` as `_at_`
+
     client = MlflowClient(tracking_uri)
     missing = []
     for s in scores:
-        key = mlflow_key(s.key)
+        key = mlflow_metric_key(s.key)
         have = client.get_metric_history(mlflow_run_id, key)
         if not any(m.step == s.step and math.isclose(m.value, s.acc, rel_tol=0, abs_tol=1e-12) for m in have):
             missing.append(Metric(key, float(s.acc), int(time.time() * 1000), s.step))

@@ -89,9 +89,10 @@ def prepare(run_dir: str | os.PathLike, precision: str | None, benchmarks: str |
 
 
 def eval_run(run_dir: str | os.PathLike, precision: str | None = None, benchmarks: str | None = None,
-             checkpoint: str = "last", force: bool = False, log=print) -> list:
-    """Score one run (suite.evaluation); the scores of this checkpoint, old and new."""
-    cfg, backend, step, engines, names = prepare(run_dir, precision, benchmarks, checkpoint)
+             checkpoint: str = "last", force: bool = False, log=print, prepared: tuple | None = None) -> list:
+    """Score one run (suite.evaluation); the scores of this checkpoint, old and new. ``prepared``:
+    what `prepare` already returned for it (a sweep checks every cell before scoring any)."""
+    cfg, backend, step, engines, names = prepared or prepare(run_dir, precision, benchmarks, checkpoint)
     done = [] if force else read_results(run_dir, step)
     t0 = time.perf_counter()
     new = backend.evaluate(cfg, str(run_dir), step=step, engines=engines, names=names, done=done, log=log)
@@ -184,8 +185,8 @@ def _eval_sweep(args: argparse.Namespace) -> int:
     if not finished:
         raise EvalError(f"{args.target}: none of its {len(sweep.cells)} cells has finished; `suite status "
                         f"{args.target}` says where they are")
-    for c in finished:  # every cell checked before any is scored
-        prepare(c.run_dir, args.precision, args.benchmarks, args.checkpoint)
+    # every cell checked before any is scored
+    prepared = {c.index: prepare(c.run_dir, args.precision, args.benchmarks, args.checkpoint) for c in finished}
     print(f"suite eval: {len(finished)} finished cell(s) of {len(sweep.cells)} in {args.target}", flush=True)
     if sweep.launcher.name == "slurm":
         return _eval_on_slurm(sweep, finished, args)
@@ -193,7 +194,7 @@ def _eval_sweep(args: argparse.Namespace) -> int:
     for c in finished:
         print(f"suite eval: cell {c.index} {c.run_id}", flush=True)
         try:
-            print(_table(eval_run(c.run_dir, args.precision, args.benchmarks, args.checkpoint, args.force)))
+            print(_table(eval_run(c.run_dir, force=args.force, prepared=prepared[c.index])))
         except Exception as exc:  # noqa: BLE001 - one cell's failure is reported; the others are still scored
             failed += 1
             first = str(exc).splitlines()[0][:300] if str(exc) else ""
