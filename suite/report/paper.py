@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from suite.report.cells import describe_row, uaq_label
+from suite.report.cells import cell_stats, describe_row, empty_stats, uaq_label
 from suite.report.identity import ALGOS, CORRECTIONS, FP8_GRANULARITIES, PRECISIONS, method_label
 
 PAPER_LABEL = "paper"  # column prefix of published values (their models, GPUs, benchmarks)
@@ -247,17 +247,10 @@ def _per_run(evals: pd.DataFrame, benchmark_id: str, k: int, engine: str) -> pd.
     parts = benchmark_id[len("mean:"):].split("+") if benchmark_id.startswith("mean:") else [benchmark_id]
     e = e[e["benchmark"].isin(parts)]
     rows = []
-    for rid, g in e.groupby("mlflow_run_id", sort=False):
+    for _, g in e.groupby("mlflow_run_id", sort=False):
         if set(g["benchmark"]) == set(parts):
             rows.append({**g.iloc[0].to_dict(), "value_pct": 100.0 * float(g["eval_acc"].mean())})
     return pd.DataFrame(rows, columns=[*evals.columns, "value_pct"])
-
-
-def _measured(runs: pd.DataFrame, stat_cols=("n", "mean", "ci_low", "ci_high", "ci_method", "seeds", "values",
-                                             "not_averaged")) -> dict:
-    from suite.report.cells import cell_stats, empty_stats
-
-    return cell_stats(runs, "value_pct") if len(runs) else empty_stats()
 
 
 def paired_scores(paper_rows: pd.DataFrame, evals: pd.DataFrame, ident_cols) -> pd.DataFrame:
@@ -275,9 +268,12 @@ def paired_scores(paper_rows: pd.DataFrame, evals: pd.DataFrame, ident_cols) -> 
         found = pd.DataFrame()
         if p["correction"] != BASE and len(evals):
             ident = {k: p[k] for k in ident_cols}
-            sel = evals[[matches(r, ident) and r["recipe"] == p["recipe"] and _model_matches(r["model"], p["model_id"])
-                         for r in evals.to_dict("records")]]
-            found = sel
+            bid = p["benchmark_id"]
+            parts = bid[len("mean:"):].split("+") if bid.startswith("mean:") else [bid]
+            # the scores of this benchmark (or of its parts) at this k, by runs of this identity, recipe and model
+            found = evals[[r["benchmark"] in parts and r["k"] == p["k"] and matches(r, ident)
+                           and r["recipe"] == p["recipe"] and _model_matches(r["model"], p["model_id"])
+                           for r in evals.to_dict("records")]]
         configs = list(dict.fromkeys(found["group_key"])) if len(found) else [None]
         for key in configs:
             rows = found[found["group_key"] == key] if key is not None else found
@@ -290,7 +286,7 @@ def paired_scores(paper_rows: pd.DataFrame, evals: pd.DataFrame, ident_cols) -> 
             means = {}
             for engine in ENGINES:
                 per = _per_run(rows, p["benchmark_id"], int(p["k"]), engine) if len(rows) else pd.DataFrame()
-                stats = _measured(per)
+                stats = cell_stats(per, "value_pct") if len(per) else empty_stats()
                 means[engine] = stats["mean"]
                 for stat, value in stats.items():
                     row[f"{MEASURED_LABEL} {engine}: {stat}"] = value

@@ -94,8 +94,9 @@ def test_a_published_value_pairs_with_its_benchmark_metric_identity_recipe_and_m
                         correction="acr", uaq_s=1.5, algo="ppo", seed=0))
     runs.append(_scored("qurl-gsm8k", "Llama-3.2-1B", {("openai/gsm8k", "bf16", 1): 0.9}, precision="int8",
                         correction="acr", uaq_s=1.0, algo="ppo", seed=0))
+    # (a configuration of the cell's identity that scored only another benchmark is no pairing row either)
     runs.append(_scored("qurl-gsm8k", "Qwen2.5-0.5B-Instruct", {("aime2024", "bf16", 1): 0.9}, precision="int8",
-                        correction="acr", uaq_s=1.0, algo="ppo", seed=5))
+                        correction="acr", uaq_s=1.0, algo="ppo", seed=5, steps=20))
     runs.append({"precision": "int8", "correction": "acr", "uaq_s": 1.0, "algo": "ppo", "seed": 0, "acc": 0.99,
                  "evals": '{"arith-d1|bf16|1": 0.99}'})
     pvm = T.paper_vs_main(T.eval_scores(frame(runs)), load_paper()["main"])
