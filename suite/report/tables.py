@@ -27,6 +27,7 @@ import pandas as pd
 from suite.report import fmt
 from suite.report.cells import (FULL, GROUP, LOW_BIT, ROW_AXES, ensure_prepared, finished_mean,
                                 pooled_frame, prepare, sort_rows, uaq_label, with_lr_factor)
+from suite.evaluation import ENGINES
 from suite.report.data import ACC, FINISHED, MISSING
 from suite.report.fmt import Table
 from suite.report.identity import SUPERSEDED
@@ -191,12 +192,14 @@ def group_lr_controls(scores: pd.DataFrame) -> list[tuple[float, float, float]]:
     return sorted({(float(s), float(f), float(q)) for s, f, q in zip(c["uaq_s"], c["lr_factor"], c["uaq_group_lr_s"])})
 
 
-def eval_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = CI_SEED) -> pd.DataFrame:
+def eval_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = CI_SEED,
+               scores: pd.DataFrame | None = None) -> pd.DataFrame:
     """Trained policies scored per benchmark (`suite eval`): accuracy (%) per configuration x benchmark x
     engine x k (samples per prompt), mean over finished seeds with its CI; `rollout_minus_ref` on a rollout
     row: its mean minus the bf16 (else fp32) row's of the same configuration, benchmark and k, the
-    rollout engine's own error. Every benchmark is its own row: none is averaged with another."""
-    e = eval_scores(runs)
+    rollout engine's own error. Every benchmark is its own row: none is averaged with another.
+    ``scores``: `eval_scores(runs)` where the caller has it already."""
+    e = eval_scores(runs) if scores is None else scores
     axes = (*ROW_AXES, "benchmark", "engine", "k")
     df = pooled_frame(e, "eval_acc", 100.0, n_resamples, seed, axes=axes) if len(e) else pd.DataFrame(
         columns=[*axes, "group_key", "variant", "n", "mean", "ci_low", "ci_high", "ci_method", "seeds", "values",
@@ -217,7 +220,7 @@ def eval_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = C
     df = df.rename(columns={"mean": "acc_pct", "ci_low": "acc_ci_low", "ci_high": "acc_ci_high"})
     if df.empty:
         return df
-    order = {e: i for i, e in enumerate(("bf16", "fp32", "rollout"))}
+    order = {e: i for i, e in enumerate(ENGINES)}
     df = sort_rows(df.assign(_e=df["engine"].map(order)).sort_values(["benchmark", "k", "_e"], kind="stable"))
     return df.drop(columns=["_e"])
 
@@ -272,7 +275,7 @@ def build_tables(runs: pd.DataFrame, paper: dict[str, pd.DataFrame], n_resamples
     status = run_status(runs)
     counts = ", ".join(f"{n} {s}" for s, n in status_counts(runs).items()) or "no runs"
     scores = eval_scores(runs)
-    evals = eval_table(runs, n_resamples, seed)
+    evals = eval_table(runs, n_resamples, seed, scores)
     pvm = paper_vs_main(scores, paper["main"])
     pvu = paper_vs_uaq(scores, paper["uaq"], group_lr_controls(scores))
     pvt = paper_vs_throughput(thr, paper["throughput"])
