@@ -238,8 +238,7 @@ def visibility_vs_s(runs: pd.DataFrame):
         s = g.groupby("uaq_s")["visibility"].agg(["mean", "min", "max"]).sort_index() * 100
         control = [uaq_label(1.0, factor, group_lr).replace(" (s=1)", "")] if (factor, group_lr) != (1.0, 1.0) else []
         ax.errorbar(s.index, s["mean"], yerr=[s["mean"] - s["min"], s["max"] - s["mean"]], marker="o" if not control
-                    else "s", capsize=3, label=" ".join([*_label(dict(zip(group_cols, key)), group_cols).split(),
-                                                          *control]))
+                    else "s", capsize=3, label=" ".join([_label(dict(zip(group_cols, key)), group_cols), *control]))
         n += 1
     if not n:
         _empty(ax, "quant/update_code_changed_frac")
