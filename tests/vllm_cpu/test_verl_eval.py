@@ -94,8 +94,9 @@ def test_suite_eval_scores_a_verl_run_in_bf16_and_by_its_rollout_engine(tmp_path
     if PRECISION == "int8":
         assert "W8A8Int8" in scores[("arith-d1", "rollout")].engine_detail
     assert not (run_dir / "eval" / "merged").exists()  # removed after scoring
-    # the trained policy learned the warm start's level: well above the random 0 the tiny tests see
-    assert scores[("arith-d1", "bf16")].acc > 0.2, scores
+    # the trained policy learned the warm start's level: above the random model's 0 (at least 3 of 48 right;
+    # measured 0.31-0.42 here, and an exported 300-step warm start scores 0.25 in test_cross_backend.py)
+    assert scores[("arith-d1", "bf16")].acc > 0.05, scores
 
     # in MLflow, per benchmark and engine, at the checkpoint's step
     import mlflow
