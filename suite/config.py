@@ -42,6 +42,7 @@ AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AUTOCASTS = ("auto", "bf16", "fp32")
 KERNEL_CHOICES = ("auto", "native", "emulated")  # quant.kernels, quant.bf16_kernels (suite.hardware)
+W4A16_KERNELS = ("int4", "emulated")  # quant.w4a16_kernels (backend=verl; suite.verl.rollout_quant)
 TASKS = ("arith", "word")
 BACKENDS = tuple(_BACKEND_PACKAGES)  # backend=...: the backends suite.backend lists
 # warm_start.flaw_op: auto, none, or the operator of the tasks' traces the flawed teacher skips
@@ -97,6 +98,9 @@ class QuantConfig:
     # bit-identical); the resolved value is part of the run id. Ignored by backend=verl (vLLM's kernels).
     kernels: str = "auto"  # the quantized GEMMs: auto | native | emulated
     bf16_kernels: str = "auto"  # the bf16 matmuls outside them (attention, lm_head): auto | native | emulated
+    # backend=verl, quant=w4a16: int4 (vLLM's int4 kernel on a packed compressed-tensors checkpoint: Marlin /
+    # Machete on a GPU) | emulated (bf16 kernels on 4-bit-rounded weights: W4A16 numerics, none of its speed)
+    w4a16_kernels: str = "int4"
 
 
 @dataclass
@@ -377,6 +381,11 @@ def validate(cfg: DictConfig) -> None:
     check_choice(cfg, "train.autocast", AUTOCASTS)
     check_choice(cfg, "quant.kernels", KERNEL_CHOICES)
     check_choice(cfg, "quant.bf16_kernels", KERNEL_CHOICES)
+    check_choice(cfg, "quant.w4a16_kernels", W4A16_KERNELS)
+    _check(cfg.quant.w4a16_kernels == "int4" or (cfg.backend.name == "verl" and cfg.quant.precision == "w4a16"),
+           "quant.w4a16_kernels", "chooses the kernels of backend=verl's W4A16 rollout; with "
+           f"backend={cfg.backend.name} quant.precision={cfg.quant.precision} it means nothing (the embedded "
+           "engine's are quant.kernels). allowed: int4")
     check_number(cfg, "uaq.s", 0, lo_open=True)
     check_number(cfg, "uaq.group_lr_s", 0, lo_open=True)
     s, gs = cfg.uaq.s, cfg.uaq.group_lr_s

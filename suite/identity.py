@@ -47,6 +47,21 @@ OMITTED_AT_DEFAULT = {
     "backend.fsdp_size": -1,
     "backend.max_position_embeddings": 0,
 }
+# What every run, tag and report row of a verl W4A16 rollout on quant.w4a16_kernels=emulated says.
+W4A16_EMULATED_NOTE = "W4A16 numerics on bf16 kernels"
+
+
+def emulated_w4a16(cfg: DictConfig) -> bool:
+    """A verl W4A16 run on bf16 kernels (fake-quantized weights), not vLLM's int4 kernel."""
+    return (cfg.backend.name == "verl" and cfg.quant.precision == "w4a16"
+            and cfg.quant.get("w4a16_kernels", "int4") == "emulated")
+
+
+# Keys that mean something only for some runs: left out of the hash and the params elsewhere.
+# quant.w4a16_kernels is in the id of every verl W4A16 run (int4 and emulated compute differently,
+# and runs recorded before int4 kernels existed were emulated ones: their ids must not be reused).
+CONDITIONAL = {"quant.w4a16_kernels": lambda data: data.get("backend", {}).get("name") == "verl"
+               and data.get("quant", {}).get("precision") == "w4a16"}
 
 
 def resolve_hardware(cfg: DictConfig) -> None:
@@ -84,6 +99,13 @@ def semantic_config(cfg: DictConfig, drop: tuple[str, ...] = ()) -> dict:
         for p in parents:
             node = node.get(p, {})
         if key not in OMITTED_AT_DEFAULT or (leaf in node and _same(node[leaf], OMITTED_AT_DEFAULT[key])):
+            node.pop(leaf, None)
+    for key, applies in CONDITIONAL.items():
+        if not applies(data):
+            *parents, leaf = key.split(".")
+            node = data
+            for p in parents:
+                node = node.get(p, {})
             node.pop(leaf, None)
     return data
 
@@ -150,7 +172,7 @@ def identity_tags(cfg: DictConfig) -> dict[str, str]:
     return {**recipe,
         # verl: FSDP's mixed-precision parameter dtype (backend.param_dtype; bf16 = verl's default)
         "trainer_dtype": cfg.train.autocast if embedded else cfg.backend.get("param_dtype", "bf16"),
-        "kernels": cfg.quant.kernels if embedded else "vllm",
+        "kernels": cfg.quant.kernels if embedded else (W4A16_EMULATED_NOTE if emulated_w4a16(cfg) else "vllm"),
         "bf16_kernels": cfg.quant.bf16_kernels if embedded else "vllm",
         # verl runs per_channel (compressed-tensors FP8) and block (its native FP8) as asked (docs/verl.md)
         "fp8_granularity": cfg.quant.fp8_granularity if cfg.quant.precision == "fp8" else "",
@@ -202,6 +224,8 @@ def run_name(cfg: DictConfig, varying: dict[str, str] | None = None) -> str:
     parts += [a["algo"], a["precision"], a["correction"] + ("+aligned" if a["aligned_forward"] == "true" else ""),
               f"s{a['uaq_s']}", a["task"], a["model"], f"{cfg.steps}steps", f"lr{cfg.train.lr:g}", f"seed{a['seed']}"]
     extra = [f"{k.lstrip('+')}={v}" for k, v in (varying or {}).items() if k.lstrip("+") not in _NAMED_KEYS]
+    if emulated_w4a16(cfg):
+        extra.append(f"({W4A16_EMULATED_NOTE})")
     off = recipe_deviations(cfg)
     if off:  # a cell that departs from its paper recipe says so in its name
         extra.append(f"off-recipe {cfg.backend.recipe}: " + ", ".join(d.split(" (")[0] for d in off))

@@ -92,6 +92,11 @@ def override_values(backend: DictConfig, key: str) -> list[str]:
     return [str(o).split("=", 1)[1] for o in backend.extra_overrides if str(o).lstrip("+").startswith(key + "=")]
 
 
+# group sizes vLLM's int4 kernels take for a compressed-tensors W4A16 checkpoint (Marlin: 32, 64, 128;
+# Machete: 128; the CPU build: any even size); quant.w4a16_kernels=emulated takes any
+W4A16_INT4_GROUPS = (32, 64, 128)
+
+
 def vllm_cpu_rollouts(features) -> tuple[str, ...]:
     """The verl rollouts vLLM's CPU build serves on a CPU with ``features``, by run name."""
     return tuple(n for n, r in ROLLOUTS_BY_NAME.items() if r.on_vllm_cpu(features))
@@ -99,14 +104,15 @@ def vllm_cpu_rollouts(features) -> tuple[str, ...]:
 
 # how an error names a rollout: fp8's two by their granularity
 _ROLLOUT_LABELS = {"fp8": "fp8 (quant.fp8_granularity=block)",
-                   "fp8_per_channel": "fp8 (quant.fp8_granularity=per_channel)"}
+                   "fp8_per_channel": "fp8 (quant.fp8_granularity=per_channel)",
+                   "w4a16_emulated": "w4a16 (quant.w4a16_kernels=emulated)"}
 
 
-def _check_vllm_cpu(precision: str, fp8_granularity: str) -> None:
+def _check_vllm_cpu(precision: str, fp8_granularity: str, w4a16_kernels: str = "int4") -> None:
     from suite.hardware import cpu_features
 
     features = cpu_features()
-    name = rollout_name(precision, fp8_granularity)
+    name = rollout_name(precision, fp8_granularity, w4a16_kernels)
     served = vllm_cpu_rollouts(features)
     needs = ROLLOUTS_BY_NAME[name].vllm_cpu_needs
     check(
@@ -129,10 +135,15 @@ def validate_verl(cfg: DictConfig) -> None:
     check_choice(cfg, "quant.precision", VERL_PRECISIONS)
     if cfg.quant.precision == "fp8":  # per_channel: QuRL's FP8 (compressed-tensors); block: verl's native FP8
         check_choice(cfg, "quant.fp8_granularity", VERL_FP8_GRANULARITIES)
+    if cfg.quant.precision == "w4a16" and cfg.quant.get("w4a16_kernels", "int4") == "int4":
+        check(cfg.quant.group_size in W4A16_INT4_GROUPS, "quant.group_size",
+              f"{cfg.quant.group_size} has no vLLM int4 kernel (Marlin's group sizes); allowed: "
+              f"{', '.join(map(str, W4A16_INT4_GROUPS))}, or quant.w4a16_kernels=emulated "
+              "(W4A16 numerics on bf16 kernels)")
     check_choice(cfg, "backend.device", VERL_DEVICES)
     check_choice(cfg, "backend.param_dtype", VERL_PARAM_DTYPES)
     if b.device == "cpu":
-        _check_vllm_cpu(cfg.quant.precision, cfg.quant.fp8_granularity)
+        _check_vllm_cpu(cfg.quant.precision, cfg.quant.fp8_granularity, cfg.quant.get("w4a16_kernels", "int4"))
     check(not cfg.quant.lm_head, "quant.lm_head",
           "runs on the embedded backend only (verl's quantized rollouts keep lm_head in 16 bit); allowed with "
           "backend=verl: false")

@@ -7,10 +7,11 @@ its validation, and re-evaluates merged checkpoints in BF16). Here the run's FSD
 and served by vLLM:
 
 - ``bf16``: the merged model in bf16;
-- ``rollout``: the run's rollout engine on the same weights: the W8A8 INT8 / per-channel FP8 checkpoint
-  the weight sync reproduces (suite.verl.w8a8_checkpoint; tests/vllm_cpu/test_weight_sync.py shows a
-  synced engine computes what a fresh load of it computes), vLLM's own FP8 on the merged model for
-  block FP8, the W4A16-rounded weights on bf16 kernels for W4A16 (the verl W4A16 rollout), bf16 for bf16.
+- ``rollout``: the run's rollout engine on the same weights: the W8A8 INT8 / per-channel FP8 / packed
+  int4 W4A16 checkpoint the weight sync reproduces (suite.verl.w8a8_checkpoint;
+  tests/vllm_cpu/test_weight_sync.py shows a synced engine computes what a fresh load of it computes),
+  vLLM's own FP8 on the merged model for block FP8, the W4A16-rounded weights on bf16 kernels for
+  ``quant.w4a16_kernels=emulated``, bf16 for bf16.
 
 Benchmarks are the data sources of the run's held-out files (``backend.val_files``), each prompt asked
 as verl asks it (the tokenizer's chat template with the generation prompt), sampled by the run's
@@ -151,14 +152,17 @@ def rollout_model(cfg: DictConfig, merged: Path, out: Path) -> tuple[Path, dict,
     from suite.verl.rollout_quant import rollout_name, verl_rollout
 
     q = cfg.quant
-    name = rollout_name(q.precision, q.fp8_granularity)
-    rollout = verl_rollout(q.precision, q.fp8_granularity)
+    kernels = q.get("w4a16_kernels", "int4")
+    name = rollout_name(q.precision, q.fp8_granularity, kernels)
+    rollout = verl_rollout(q.precision, q.fp8_granularity, kernels)
     if rollout.weight_sync == "requantize":
         from suite.verl.w8a8_checkpoint import write_w8a8_checkpoint
 
-        return write_w8a8_checkpoint(merged, out, name), {}, f"vLLM {rollout.vllm_scheme} ({name})"
+        return (write_w8a8_checkpoint(merged, out, name, q.group_size, q.symmetric), {},
+                f"vLLM {rollout.vllm_scheme} ({name})")
     if rollout.weight_sync == "fake_quant":
-        return fake_quant_checkpoint(cfg, merged, out), {}, f"vLLM bf16 kernels on {name}-rounded weights"
+        return fake_quant_checkpoint(cfg, merged, out), {}, f"vLLM bf16 kernels on {q.precision}-rounded weights " \
+            f"({rollout.kernels_note})"
     if q.precision == "fp8":  # block FP8: vLLM quantizes the bf16 checkpoint itself, as verl's native FP8
         return merged, {"quantization": "fp8"}, "vLLM fp8 (block, online)"
     return merged, {}, "vLLM bf16 (the run's rollout precision)"

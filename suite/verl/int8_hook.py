@@ -5,50 +5,58 @@ verl 0.9.1 supports only FP8 rollout natively. For ``quant=int8`` the translator
 (per-channel int8 weights, dynamic per-token int8 activations: vLLM's INT8 kernels) and with
 this module's worker extension, ``QuantizedWeightSyncExtension``, in place of verl's
 ``vLLMColocateWorkerExtension`` (``engine_kwargs.vllm.worker_extension_cls``; no fork of verl).
-A verl weight sync (``update_weights_from_ipc``) is then
+A verl weight sync (``update_weights_from_ipc``) is then, a decoder layer at a time
+(:class:`LayerwiseSync`), so that its extra memory is one layer's (or one bucket's) quantized
+weights, never a second copy of the model:
 
-1. stage (:func:`stage_for_loading`): every INT8 layer gets fresh parameters in vLLM's loading
-   layout (the scheme's own ``create_weights``: int8 ``weight`` [out, in], float32
-   ``weight_scale`` [out, 1]); on vLLM's CPU build, every unquantized linear whose weight the
-   CPU kernels pre-packed away gets a fresh loading weight too (``dispatch_cpu_unquantized_gemm``
-   replaces it by an empty tensor; the packed copy lives in the layer's ``cpu_linear``), and every
-   attention layer its KV-cache scale placeholders, which their post-load processing deletes
-   (:func:`restage_kv_scales`);
-2. verl receives the buckets and calls ``_update_weights`` per bucket, where each block linear
-   weight is re-quantized with ``suite.core.quant.quantize_int8_per_channel`` (the embedded
-   backend's quantizer; :func:`requantize_int8`) and loaded by vLLM's ``load_weights`` (which
-   fuses q/k/v and gate/up shards, whichever bucket they arrive in);
-3. verl runs vLLM's ``process_weights_after_loading`` on every module once after the last
-   bucket (its non-quantized path: verl's ``is_quantized_model`` is FP8-only): that is the only
-   processing of the staged layers (kernel layout: a transpose for CUTLASS, a oneDNN / packed
-   handle on CPU), so nothing is processed twice;
-4. finish (:func:`finish_sync`): on a GPU the processed tensors are copied into the live ones
-   the engine started with, so CUDA graphs captured on them stay valid (:func:`fold_into_live`,
-   the GPU-only part, guarded by :func:`require_gpu`); on the CPU build there are no CUDA
-   graphs, the kernels hold the freshly processed tensors, and nothing is left to do.
+1. each bucket's block linear weights are re-quantized with the embedded backend's quantizer
+   (``suite.core.quant``: :func:`requantize_int8`, :func:`requantize_fp8`, :func:`requantize_w4a16`);
+2. every quantized layer of a decoder layer the bucket reaches gets fresh parameters in vLLM's
+   loading layout (the scheme's own ``create_weights``: e.g. int8 ``weight`` [out, in], float32
+   ``weight_scale`` [out, 1]) just before vLLM's ``load_weights`` fills them (fusing q/k/v and
+   gate/up shards, whichever bucket they arrive in);
+3. once every shard of a layer has arrived, vLLM's ``process_weights_after_loading`` of that layer
+   builds its kernel layout (a transpose for CUTLASS, a repack for Marlin, a oneDNN / packed handle
+   on CPU), and on a GPU the result is copied into the live tensors the engine started with, so CUDA
+   graphs captured on them stay valid (:func:`fold_into_live`, guarded by :func:`require_gpu`); the
+   loading copy is dropped;
+4. verl's own post-sync ``process_weights_after_loading`` over every module (its non-quantized path:
+   verl's ``is_quantized_model`` is FP8-only) skips the layers already processed, so nothing is
+   processed twice; the allocator's cache is released after the sync.
+
+On vLLM's CPU build every unquantized linear whose weight the CPU kernels pre-packed away gets a
+fresh loading weight too (``dispatch_cpu_unquantized_gemm`` replaces it by an empty tensor; the
+packed copy lives in the layer's ``cpu_linear``), and every attention layer its KV-cache scale
+placeholders, which their post-load processing deletes (:func:`restage_kv_scales`).
 
 ``quant=fp8 quant.fp8_granularity=per_channel`` (QuRL's FP8) runs the same way on vLLM's
 compressed-tensors FP8 scheme (``CompressedTensorsW8A8Fp8``: float8 E4M3 ``weight`` [out, in],
-float32 ``weight_scale`` [out, 1], dynamic per-token activations), re-quantized with
-``suite.core.quant.quantize_fp8`` per channel (:func:`requantize_fp8`).
+float32 ``weight_scale`` [out, 1], dynamic per-token activations).
 
-For ``quant=w4a16`` vLLM runs 16-bit kernels on weights fake-quantized to the 4-bit group-wise
-grid (``suite.core.quant.fake_quant``): the rollout's numerics are W4A16's, not its speed.
+``quant=w4a16`` runs on vLLM's compressed-tensors W4A16 scheme (``CompressedTensorsWNA16``, format
+"pack-quantized": int4 codes eight to an int32 ``weight_packed`` [out, in / 8], group-wise
+``weight_scale`` [out, in / g], ``weight_shape`` and, asymmetric, a packed ``weight_zero_point``
+[out / 8, in / g]), whose kernel is vLLM's int4 one (Marlin or Machete on a GPU,
+``CPUWNA16LinearKernel`` on the CPU build). With ``quant.w4a16_kernels=emulated`` vLLM instead runs
+16-bit kernels on weights fake-quantized to the 4-bit grid (``suite.core.quant.fake_quant``):
+W4A16's numerics, not its speed.
 
-Tested against a live vLLM CPU engine (tests/vllm_cpu/test_weight_sync.py); the GPU fold is
-exercised by ``slurm/gpu_check.sh`` on a GPU node.
+Tested against a live vLLM CPU engine (tests/vllm_cpu/test_weight_sync.py,
+tests/vllm_cpu/test_sync_check.py); the GPU fold is exercised by ``slurm/gpu_check.sh`` on a GPU node.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from suite.core.quant import QuantScheme, fake_quant, quantize_fp8, quantize_int8_per_channel
+from suite.core.quant import QuantScheme, fake_quant, quantize_fp8, quantize_int8_per_channel, quantize_w4
 from suite.hardware import request_amx_tiles
 from suite.verl.rollout_quant import ROLLOUTS_BY_NAME, VerlRollout
 
@@ -59,12 +67,19 @@ log = logging.getLogger(__name__)
 # asking Linux for them, so a fresh worker died with SIGILL at its first INT8 linear unless some
 # oneDNN AMX kernel had asked first (docs/verl.md, "AMX tile permission"): ask here, for it.
 request_amx_tiles()
+# vLLM's CPU build serves a W4A16 checkpoint as W4A8 (int8 activations) on AMX CPUs unless told not
+# to (VLLM_CPU_INT4_W4A8, default on: vllm/model_executor/kernels/linear/mixed_precision/cpu.py at
+# v0.31.0); the rollout is W4A16, so every process that loads this module (the workers, and whoever
+# writes the checkpoints a sync is compared with) keeps 16-bit activations. GPU builds ignore it.
+os.environ.setdefault("VLLM_CPU_INT4_W4A8", "0")
 
 # Block linear layers the rollout quantizes (Llama / Qwen2 names); embeddings, norms and
 # lm_head stay in 16 bit (the compressed-tensors config lists lm_head under `ignore`).
 QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 INT8_SCHEME = "CompressedTensorsW8A8Int8"  # vLLM's scheme class for W8A8 INT8 (compressed-tensors)
-_LIVE_PARAMS = ("weight", "weight_scale", "input_scale", "input_zero_point", "azp_adj")
+# every parameter a compressed-tensors scheme of ours registers (W8A8: weight ...; W4A16: weight_packed ...)
+LIVE_PARAMS = ("weight", "weight_scale", "input_scale", "input_zero_point", "azp_adj", "weight_packed",
+                "weight_shape", "weight_zero_point")
 UNQUANTIZED_LINEAR = "UnquantizedLinearMethod"  # vLLM's method of a 16-bit linear (pre-packed on CPU)
 
 
@@ -76,7 +91,7 @@ def require_gpu(what: str = "the INT8 weight sync's fold into the live CUDA tens
     if not torch.cuda.is_available():
         raise NoGPUError(
             f"{what} keeps CUDA graphs valid and needs a CUDA GPU, but torch.cuda.is_available() is False on this "
-            "machine. On vLLM's CPU build the sync needs no fold (finish_sync skips it); on a GPU node "
+            "machine. On vLLM's CPU build the sync needs no fold (LayerwiseSync skips it); on a GPU node "
             "slurm/gpu_check.sh checks this path."
         )
 
@@ -115,10 +130,59 @@ def requantize_fp8(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tupl
     return _requantized(weights, lambda w, name: quantize_fp8(w, "per_channel", name=name))
 
 
+def pack_int4(values: torch.Tensor) -> torch.Tensor:
+    """Unsigned 4-bit values [rows, cols] (cols a multiple of 8) -> int32 [rows, cols / 8], value j of
+    each eight in bits 4j .. 4j+3: compressed-tensors' "pack-quantized" layout, which vLLM unpacks."""
+    rows, cols = values.shape
+    if cols % 8:
+        raise ValueError(f"pack_int4: {cols} columns; the int4 layout packs eight to an int32")
+    v = values.to(torch.int64).reshape(rows, cols // 8, 8)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=values.device)
+    word = (v << shifts).sum(-1)  # < 2**32: disjoint bits, so the sum is the bitwise or
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+def unpack_int4(packed: torch.Tensor, cols: int) -> torch.Tensor:
+    """Inverse of :func:`pack_int4`: int32 [rows, cols / 8] -> uint8 values [rows, cols]."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=packed.device)
+    v = (packed.to(torch.int64)[..., None] >> shifts) & 0xF
+    return v.reshape(packed.shape[0], -1)[:, :cols].to(torch.uint8)
+
+
+def requantize_w4a16(weights: Iterable[tuple[str, torch.Tensor]], group_size: int,
+                     symmetric: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full-precision weight) -> vLLM compressed-tensors W4A16 ("pack-quantized") tensors: a
+    block linear's weight [out, in] becomes ``suite.core.quant.quantize_w4``'s codes, offset to
+    unsigned (symmetric: code + 8, vLLM's uint4b8) and packed (``weight_packed`` int32 [out, in / 8]),
+    its group scales (``weight_scale`` float32 [out, in / g]; vLLM keeps them in the model's dtype),
+    ``weight_shape`` [out, in] and, asymmetric, the zero points packed along the output axis
+    (``weight_zero_point`` int32 [out / 8, in / g]); every other tensor passes unchanged."""
+    for name, w in weights:
+        if not is_quantized_linear(name):
+            yield name, w
+            continue
+        q = quantize_w4(w.to(torch.float32), group_size, symmetric, name=name)
+        codes, scales = q[0], q[1]
+        base = name[: -len("weight")]
+        yield base + "weight_packed", pack_int4(codes.to(torch.int16) + 8 if symmetric else codes)
+        yield base + "weight_scale", scales.to(torch.float32)
+        yield base + "weight_shape", torch.tensor(list(w.shape), dtype=torch.int64, device=w.device)
+        if not symmetric:
+            yield base + "weight_zero_point", pack_int4(q[2].t()).t().contiguous()
+
+
+def w4_params() -> tuple[int, bool]:
+    """The W4A16 group size and symmetry the worker's environment carries (suite.verl.translate)."""
+    return int(os.environ.get("SUITE_W4_GROUP_SIZE", "128")), os.environ.get("SUITE_W4_SYMMETRIC", "1") == "1"
+
+
 def requantize(weights: Iterable[tuple[str, torch.Tensor]], rollout: VerlRollout) -> Iterator[tuple[str, torch.Tensor]]:
-    """``weights`` as ``rollout``'s compressed-tensors checkpoint stores them (int8 or per-channel fp8).
-    The quantizer is looked up at each call (a test replaces ``requantize_int8`` to break the sync)."""
+    """``weights`` as ``rollout``'s compressed-tensors checkpoint stores them (int8, per-channel fp8 or
+    packed int4). The quantizer is looked up at each call (a test replaces ``requantize_int8`` to break
+    the sync)."""
     precision = rollout.scheme(128, True).precision
+    if precision == "w4a16":
+        return requantize_w4a16(weights, *w4_params())
     return requantize_int8(weights) if precision == "int8" else requantize_fp8(weights)
 
 
@@ -151,35 +215,133 @@ def _loader(layer: torch.nn.Module):
     return getattr(layer, "weight_loader_v2", None) or layer.weight_loader
 
 
-Staged = list[tuple[torch.nn.Module, dict[str, torch.nn.Parameter]]]
+def _nbytes(params: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in params)
 
 
-def stage_for_loading(model: torch.nn.Module, scheme: str = INT8_SCHEME) -> Staged:
-    """Give every quantized layer of compressed-tensors ``scheme`` (and, on vLLM CPU, every
-    pre-packed 16-bit linear) fresh loading-layout parameters, created on the layer's device;
-    return each quantized layer's live (kernel-layout) parameters, which :func:`finish_sync`
-    needs on a GPU."""
-    layers = int8_layers(model, scheme)
-    if not layers:
-        raise RuntimeError(f"SUITE_ROLLOUT_QUANT={os.environ.get('SUITE_ROLLOUT_QUANT', '')} but the vLLM model has no "
-                           f"{scheme} layer: was it built with the compressed-tensors config of suite.verl.translate?")
-    staged = []
-    for layer in layers:
-        live = {p: getattr(layer, p) for p in _LIVE_PARAMS if isinstance(getattr(layer, p, None), torch.nn.Parameter)}
+_BLOCK = re.compile(r"^(.*?\.layers\.\d+)\.")  # a decoder layer's prefix: model.layers.<i>
+
+
+def _block(name: str) -> str | None:
+    m = _BLOCK.match(name)
+    return m.group(1) if m else None
+
+
+def _process_once(layer: torch.nn.Module) -> None:
+    """vLLM's post-load processing of one quantized layer, as its model loader runs it per module."""
+    method = layer.quant_method
+    type(method).process_weights_after_loading(method, layer)  # the class's: the instance one is shadowed
+    if hasattr(layer, "update_param_tp_status"):
+        layer.update_param_tp_status()
+
+
+def _already_processed(layer: torch.nn.Module) -> None:
+    """verl's post-sync processing of a layer this sync processed already: nothing to do."""
+
+
+class LayerwiseSync:
+    """One weight sync of a re-quantized rollout, a decoder layer at a time (see the module doc).
+
+    ``stage(names)`` before a bucket loads gives every quantized layer of the decoder layers the
+    bucket reaches fresh loading-layout parameters, whose loaders count the shards they receive;
+    ``finish_complete()`` after it processes each layer that has every shard, folds it into the live
+    tensors on a GPU and drops the loading copy; ``close()`` after verl's own post-sync processing
+    (which skips these layers) checks that nothing was left half-loaded and releases the cache.
+    ``stats`` holds the loading-layout bytes this sync held at once beyond the engine's own weights
+    (``peak_staged_bytes``: at most the decoder layers one bucket reaches), against the same for
+    every layer it synced (``model_bytes``, what staging the whole model would hold) and for the
+    largest decoder layer (``layer_bytes_max``).
+    """
+
+    def __init__(self, model: torch.nn.Module, scheme: str = INT8_SCHEME):
+        self.layers = {n: m for n, m in model.named_modules() if type(getattr(m, "scheme", None)).__name__ == scheme}
+        if not self.layers:
+            raise RuntimeError(f"SUITE_ROLLOUT_QUANT={os.environ.get('SUITE_ROLLOUT_QUANT', '')} but the vLLM model "
+                               f"has no {scheme} layer: was it built with the compressed-tensors config of "
+                               "suite.verl.translate?")
+        if len({id(m.quant_method) for m in self.layers.values()}) != len(self.layers):
+            raise RuntimeError("suite.verl.int8_hook: vLLM shares one quant method between layers; this vLLM "
+                               "version is not supported by the layer-wise sync")
+        self.pending: dict[str, tuple[torch.nn.Module, dict, dict, int]] = {}
+        self.done: set[str] = set()
+        self.staged_bytes = 0
+        self.block_bytes: dict[str | None, int] = {}  # loading-layout bytes per decoder layer, as staged
+        self.stats = {"peak_staged_bytes": 0, "layer_bytes_max": 0, "model_bytes": 0, "layers": 0}
+        for m in self.layers.values():  # verl's post-sync pass over every module must not process them again
+            m.quant_method.process_weights_after_loading = _already_processed
+
+    @staticmethod
+    def _live(layer: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+        return {p: getattr(layer, p) for p in LIVE_PARAMS if isinstance(getattr(layer, p, None), torch.nn.Parameter)}
+
+    def stage(self, names: Iterable[str]) -> None:
+        blocks = {_block(n) for n in names if is_quantized_linear(n)}
+        for n, layer in self.layers.items():
+            if n in self.done or n in self.pending:
+                continue
+            if _block(n) in blocks or (None in blocks):  # a linear outside any decoder layer: stage them all
+                self._stage(n, layer)
+        self.stats["peak_staged_bytes"] = max(self.stats["peak_staged_bytes"], self.staged_bytes)
+
+    def _stage(self, name: str, layer: torch.nn.Module) -> None:
+        live = self._live(layer)
         device = _device(layer)
-        for p in _LIVE_PARAMS:
-            if p in layer._parameters:
-                delattr(layer, p)
+        for p in live:
+            delattr(layer, p)
+        counts: dict[int, int] = {}
+        load = _loader(layer)
+
+        def counting_loader(param, *args, **kwargs):
+            counts[id(param)] = counts.get(id(param), 0) + 1
+            return load(param, *args, **kwargs)
+
+        # the engine's kernel object (GPU: e.g. Marlin's workspace, which captured CUDA graphs read)
+        kernel = getattr(layer.scheme, "kernel", None)
         with torch.device(device):
             layer.scheme.create_weights(  # the INT8 scheme takes input / output size as **kwargs, FP8 needs them
                 layer=layer, output_partition_sizes=layer.output_partition_sizes,
                 input_size_per_partition=layer.input_size_per_partition, input_size=layer.input_size,
-                output_size=layer.output_size, params_dtype=layer.params_dtype, weight_loader=_loader(layer),
+                output_size=layer.output_size, params_dtype=layer.params_dtype, weight_loader=counting_loader,
             )
-        staged.append((layer, live))
-    restage_prepacked(model)
-    restage_kv_scales(model)
-    return staged
+        staged = self._live(layer)
+        self.staged_bytes += _nbytes(staged.values())
+        self.block_bytes[_block(name)] = self.block_bytes.get(_block(name), 0) + _nbytes(staged.values())
+        self.pending[name] = (layer, live, {"counts": counts, "ids": [id(t) for t in staged.values()],
+                                            "bytes": _nbytes(staged.values()), "kernel": kernel},
+                              len(layer.output_partition_sizes))
+
+    def finish_complete(self) -> None:
+        for name in [n for n, (_, _, st, shards) in self.pending.items()
+                     if all(st["counts"].get(i, 0) >= shards for i in st["ids"])]:
+            layer, live, st, _ = self.pending.pop(name)
+            _process_once(layer)
+            if any(t.is_cuda for t in live.values()):
+                fold_into_live(layer, live)
+                if st["kernel"] is not None:  # keep the kernel object the CUDA graphs were captured with
+                    layer.scheme.kernel = st["kernel"]
+            self.staged_bytes -= st["bytes"]
+            self.done.add(name)
+
+    def close(self) -> None:
+        if self.block_bytes:
+            sizes = self.block_bytes.values()
+            self.stats.update(layer_bytes_max=max(sizes), model_bytes=sum(sizes), layers=len(self.block_bytes))
+        for m in self.layers.values():
+            m.quant_method.__dict__.pop("process_weights_after_loading", None)
+        if self.pending:
+            n, names = len(self.pending), ", ".join(sorted(self.pending)[:4])
+            self.pending.clear()
+            raise RuntimeError(f"weight sync: {n} quantized layers received only part of their shards ({names}): "
+                               "the sync was incomplete")
+        release_memory()
+
+
+def release_memory() -> None:
+    """Return what a sync freed: the CUDA caching allocator's blocks (``empty_cache``) on a GPU."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def restage_kv_scales(model: torch.nn.Module) -> int:
@@ -232,19 +394,40 @@ def fold_into_live(layer: torch.nn.Module, live: dict[str, torch.nn.Parameter]) 
         layer.register_parameter(p, old)
 
 
-def finish_sync(staged: Staged) -> None:
-    """After vLLM's post-load processing: fold into the live tensors where they are CUDA tensors
-    (:func:`fold_into_live`); on the CPU build the processed tensors simply stay."""
-    cuda = [(layer, live) for layer, live in staged if any(t.is_cuda for t in live.values())]
-    for layer, live in cuda:
-        fold_into_live(layer, live)
-    if cuda:
-        torch.cuda.synchronize()
-
-
 def _rollout():
     rollout = ROLLOUTS_BY_NAME.get(os.environ.get("SUITE_ROLLOUT_QUANT", ""))
     return rollout if rollout is not None and rollout.weight_sync is not None else None
+
+
+def _memory_mark() -> int:
+    """Bytes in use now (GPU: allocated by torch; CPU: resident), with the peak counter reset."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:  # resets VmHWM to the current RSS (Linux)
+            f.write("5")
+        return _proc_status("VmRSS")
+    except OSError:
+        return 0
+
+
+def _memory_peak() -> int:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated()
+    try:
+        return _proc_status("VmHWM")
+    except OSError:
+        return 0
+
+
+def _proc_status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/self/status has no {key}")
 
 
 def _make_extension():
@@ -252,6 +435,9 @@ def _make_extension():
 
     class QuantizedWeightSyncExtension(vLLMColocateWorkerExtension):
         """verl's vLLM worker extension with INT8 / FP8 / W4A16 re-quantization at every weight sync."""
+
+        suite_sync: LayerwiseSync | None = None
+        suite_last_sync: dict | None = None  # the last sync's seconds and memory (suite_sync_stats)
 
         def update_weights_from_ipc(self, peft_config: dict | None = None, base_sync_done=False, use_shm: bool = False):
             rollout = _rollout()
@@ -263,28 +449,43 @@ def _make_extension():
             from vllm.config import set_current_vllm_config
 
             start = time.perf_counter()
+            before = _memory_mark()
             model = self.model_runner.model
             # vLLM's config in scope, as at load: the FP8 scheme's create_weights builds its kernel from it
             with set_current_vllm_config(self.model_runner.vllm_config):
-                staged = stage_for_loading(model, rollout.vllm_scheme) if rollout.weight_sync == "requantize" else []
-                if rollout.weight_sync == "fake_quant":
-                    restage_prepacked(model)
-                # verl: buckets -> self._update_weights, then process_weights_after_loading once
-                super().update_weights_from_ipc(peft_config, base_sync_done, use_shm)
-            finish_sync(staged)
-            log.info("suite %s weight sync: %.3f s", os.environ.get("SUITE_ROLLOUT_QUANT"), time.perf_counter() - start)
+                if rollout.weight_sync == "requantize":
+                    self.suite_sync = LayerwiseSync(model, rollout.vllm_scheme)
+                restage_prepacked(model)
+                restage_kv_scales(model)
+                try:
+                    # verl: buckets -> self._update_weights, then process_weights_after_loading once
+                    super().update_weights_from_ipc(peft_config, base_sync_done, use_shm)
+                finally:
+                    sync, self.suite_sync = self.suite_sync, None
+                    if sync is not None:
+                        sync.close()
+            release_memory()
+            stats = dict(sync.stats) if rollout.weight_sync == "requantize" else {}
+            stats.update(seconds=time.perf_counter() - start, peak_extra_bytes=max(0, _memory_peak() - before),
+                         device="cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu")
+            self.suite_last_sync = stats
+            log.info("suite %s weight sync: %s", os.environ.get("SUITE_ROLLOUT_QUANT"), stats)
+
+        def suite_sync_stats(self) -> dict | None:
+            """The last weight sync's seconds and memory (for ``collective_rpc``)."""
+            return self.suite_last_sync
 
         def _update_weights(self, weights, peft_config, base_sync_done):
             rollout = _rollout()
             if rollout is None or (peft_config and base_sync_done):
                 return super()._update_weights(weights, peft_config, base_sync_done)
             if rollout.weight_sync == "fake_quant":
-                group = int(os.environ.get("SUITE_W4_GROUP_SIZE", "128"))
-                sym = os.environ.get("SUITE_W4_SYMMETRIC", "1") == "1"
-                weights = list(fake_quant_weights(weights, rollout.scheme(group, sym)))
-            else:
-                weights = list(requantize(weights, rollout))
-            return super()._update_weights(weights, peft_config, base_sync_done)
+                weights = list(fake_quant_weights(weights, rollout.scheme(*w4_params())))
+                return super()._update_weights(weights, peft_config, base_sync_done)
+            self.suite_sync.stage(n for n, _ in weights)
+            result = super()._update_weights(list(requantize(weights, rollout)), peft_config, base_sync_done)
+            self.suite_sync.finish_complete()
+            return result
 
     QuantizedWeightSyncExtension.__module__ = __name__
     return QuantizedWeightSyncExtension
@@ -300,6 +501,6 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["NoGPUError", "fake_quant_weights", "finish_sync", "fold_into_live", "int8_layers", "is_quantized_linear",
-           "requantize", "requantize_fp8", "requantize_int8", "require_gpu", "restage_kv_scales", "restage_prepacked",
-           "stage_for_loading"]
+__all__ = ["LayerwiseSync", "NoGPUError", "fake_quant_weights", "fold_into_live", "int8_layers", "is_quantized_linear",
+           "pack_int4", "release_memory", "requantize", "requantize_fp8", "requantize_int8", "requantize_w4a16",
+           "require_gpu", "restage_kv_scales", "restage_prepacked", "unpack_int4", "w4_params"]

@@ -15,8 +15,14 @@ applies, written as one string (``SUITE_ALIGNED_FORWARD``).
   ``per_tensor`` has no verl rollout.
 - int8: vLLM's compressed-tensors W8A8 INT8 scheme (per-channel int8 weights, dynamic per-token
   int8 activations) and our worker extension, which re-quantizes every synced weight.
-- w4a16: bf16 kernels on weights our worker extension fake-quantizes to the 4-bit grid at every
-  sync (the numerics of a W4A16 rollout, not its speed).
+- w4a16 (``quant.w4a16_kernels=int4``, the default): vLLM's compressed-tensors W4A16 scheme
+  (``CompressedTensorsWNA16``: int4 codes packed eight to an int32, group-wise scales, a packed
+  zero point when asymmetric), so vLLM runs its int4 kernel (Marlin or Machete on a GPU,
+  ``CPUWNA16LinearKernel`` on its CPU build); our worker extension re-quantizes every synced
+  weight with the suite's W4A16 quantizer and packs it.
+- w4a16 with ``quant.w4a16_kernels=emulated`` (run name ``w4a16_emulated``): bf16 kernels on
+  weights our worker extension fake-quantizes to the 4-bit grid at every sync: W4A16's numerics
+  on bf16 kernels, none of its speed; its run name, tags and report rows say so.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from suite.core.quant import PRECISIONS, QuantScheme
+from suite.identity import W4A16_EMULATED_NOTE
 
 AR = "actor_rollout_ref.rollout"
 WORKER_EXTENSION = "suite.verl.int8_hook.QuantizedWeightSyncExtension"
@@ -53,6 +60,25 @@ W8A8_QUANT_CONFIG = _w8a8_config("int")
 FP8_CHANNEL_QUANT_CONFIG = _w8a8_config("float")
 
 
+def w4a16_quant_config(group_size: int, symmetric: bool) -> dict:
+    """vLLM's compressed-tensors config of W4A16 as llm-compressor writes it ("pack-quantized"): 4-bit
+    integer weights in groups of ``group_size`` input entries (QaRL's group-wise scales), symmetric or
+    with a zero point, 16-bit activations (none quantized)."""
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "ignore": ["lm_head"],
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "symmetric": bool(symmetric), "strategy": "group",
+                            "group_size": int(group_size), "dynamic": False},
+                "input_activations": None,
+            }
+        },
+    }
+
+
 @dataclass(frozen=True)
 class VerlRollout:
     """How verl + vLLM run one rollout precision."""
@@ -70,9 +96,21 @@ class VerlRollout:
     on_vllm_cpu: Callable[[object], bool] = lambda features: True
     vllm_cpu_needs: str = ""  # what it needs there, for the error message
     # "requantize" only: vLLM's compressed-tensors scheme class of the quantized linears (staged
-    # at each sync) and the checkpoint config that selects it
+    # at each sync) and the checkpoint config that selects it (a dict, or built from group size and
+    # symmetry: W4A16's)
     vllm_scheme: str = ""
-    quant_config: dict | None = None
+    quant_config: dict | Callable[[int, bool], dict] | None = None
+    # what every run, tag and report row of it says about its kernels ("" = the precision's own)
+    kernels_note: str = ""
+
+    def checkpoint_config(self, group_size: int = 128, symmetric: bool = True) -> dict | None:
+        """The compressed-tensors ``quantization_config`` of this rollout's checkpoint (None: it has none)."""
+        return self.quant_config(group_size, symmetric) if callable(self.quant_config) else self.quant_config
+
+    def main_ppo_overrides(self, group_size: int = 128, symmetric: bool = True) -> tuple[tuple[str, object], ...]:
+        """verl ``main_ppo`` overrides that run this rollout (vLLM built on its compressed-tensors config)."""
+        config = self.checkpoint_config(group_size, symmetric)
+        return self.overrides + (_compressed_tensors(config) if config is not None else ())
 
 
 # the override that makes vLLM build its workers with the suite's extension (weight sync, re-staging)
@@ -85,6 +123,8 @@ def _compressed_tensors(config: dict) -> tuple[tuple[str, object], ...]:
     return EXTENSION_OVERRIDES + ((f"+{AR}.engine_kwargs.vllm.quantization", "compressed-tensors"),
                                   (f"+{AR}.engine_kwargs.vllm.hf_overrides", {"quantization_config": config}))
 
+
+
 # In the order config errors list them (bf16, fp8, int8, w4a16).
 VERL_ROLLOUTS: dict[str, VerlRollout] = {
     "bf16": VerlRollout((), None, lambda g, sym: QuantScheme(precision="bf16")),
@@ -96,7 +136,7 @@ VERL_ROLLOUTS: dict[str, VerlRollout] = {
         on_vllm_cpu=lambda features: features.amx, vllm_cpu_needs="AMX",
     ),
     "int8": VerlRollout(
-        _compressed_tensors(W8A8_QUANT_CONFIG),
+        (),
         "requantize", lambda g, sym: QuantScheme(precision="int8"),
         vllm_scheme="CompressedTensorsW8A8Int8", quant_config=W8A8_QUANT_CONFIG,
         # vLLM CPU's W8A8 linear is oneDNN's s8 x s8 matmul (or sgl-kernel's on AMX): exact with a
@@ -109,9 +149,9 @@ VERL_ROLLOUTS: dict[str, VerlRollout] = {
                        "\"vLLM's CPU INT8 without VNNI\")",
     ),
     "w4a16": VerlRollout(
-        EXTENSION_OVERRIDES, "fake_quant",
+        (), "requantize",
         lambda g, sym: QuantScheme(precision="w4a16", group_size=int(g), symmetric=sym),
-        ("group_size", "symmetric"),
+        ("group_size", "symmetric"), vllm_scheme="CompressedTensorsWNA16", quant_config=w4a16_quant_config,
     ),
 }
 VERL_PRECISIONS = tuple(VERL_ROLLOUTS)
@@ -120,23 +160,33 @@ VERL_PRECISIONS = tuple(VERL_ROLLOUTS)
 # vLLM CPU runs it with torch._scaled_mm on E4M3 operands (ChannelWiseTorchFP8ScaledMMLinearKernel,
 # vllm/model_executor/kernels/linear/scaled_mm/pytorch.py at v0.31.0; AMX-FP8 CPUs get their own).
 FP8_PER_CHANNEL = VerlRollout(
-    _compressed_tensors(FP8_CHANNEL_QUANT_CONFIG),
+    (),
     "requantize", lambda g, sym: QuantScheme(precision="fp8", fp8_granularity="per_channel"),
     ("fp8_granularity",), vllm_scheme="CompressedTensorsW8A8Fp8", quant_config=FP8_CHANNEL_QUANT_CONFIG,
 )
+# quant.w4a16_kernels=emulated: the fake-quantized path, under its own name (bf16 kernels on
+# weights put on the W4A16 grid at each sync), where the int4 kernel cannot run or for comparison.
+W4A16_EMULATED = VerlRollout(
+    EXTENSION_OVERRIDES, "fake_quant", VERL_ROLLOUTS["w4a16"].scheme, ("group_size", "symmetric"),
+    kernels_note=W4A16_EMULATED_NOTE,
+)
 # Every verl rollout by its run name (what SUITE_ROLLOUT_QUANT carries to the vLLM workers).
-ROLLOUTS_BY_NAME: dict[str, VerlRollout] = {**VERL_ROLLOUTS, "fp8_per_channel": FP8_PER_CHANNEL}
+ROLLOUTS_BY_NAME: dict[str, VerlRollout] = {**VERL_ROLLOUTS, "fp8_per_channel": FP8_PER_CHANNEL,
+                                            "w4a16_emulated": W4A16_EMULATED}
 VERL_FP8_GRANULARITIES = ("per_channel", "block")  # per_tensor: no verl rollout
 
 
-def rollout_name(precision: str, fp8_granularity: str = "block") -> str:
-    """The run name of the verl rollout of ``precision``: the precision, or ``fp8_per_channel``."""
-    return "fp8_per_channel" if precision == "fp8" and fp8_granularity == "per_channel" else precision
+def rollout_name(precision: str, fp8_granularity: str = "block", w4a16_kernels: str = "int4") -> str:
+    """The run name of the verl rollout of ``precision``: the precision, ``fp8_per_channel`` or
+    ``w4a16_emulated``."""
+    if precision == "fp8" and fp8_granularity == "per_channel":
+        return "fp8_per_channel"
+    return "w4a16_emulated" if precision == "w4a16" and w4a16_kernels == "emulated" else precision
 
 
-def verl_rollout(precision: str, fp8_granularity: str = "block") -> VerlRollout | None:
-    """How verl runs ``precision`` at ``fp8_granularity`` (None: no verl rollout, e.g. fp32)."""
-    return ROLLOUTS_BY_NAME.get(rollout_name(precision, fp8_granularity))
+def verl_rollout(precision: str, fp8_granularity: str = "block", w4a16_kernels: str = "int4") -> VerlRollout | None:
+    """How verl runs ``precision`` at ``fp8_granularity`` / ``w4a16_kernels`` (None: no verl rollout, e.g. fp32)."""
+    return ROLLOUTS_BY_NAME.get(rollout_name(precision, fp8_granularity, w4a16_kernels))
 
 
 def vllm_cpu_precisions(features) -> tuple[str, ...]:
@@ -158,7 +208,7 @@ def _form(r: VerlRollout) -> str:
     return ":".join([s.precision, *(_FIELD_TEXT[f][2] or getattr(s, f) for f in r.spec_fields)])
 
 
-SPEC_FORMS = " | ".join(_form(r) for r in ROLLOUTS_BY_NAME.values())
+SPEC_FORMS = " | ".join(dict.fromkeys(_form(r) for r in ROLLOUTS_BY_NAME.values()))
 
 
 def rollout_scheme(precision: str, *, group_size: int = 128, symmetric: bool = True,
@@ -196,5 +246,6 @@ def parse_spec(spec: str, env: str) -> QuantScheme:
 
 
 __all__ = ["FP8_CHANNEL_QUANT_CONFIG", "FP8_PER_CHANNEL", "ROLLOUTS_BY_NAME", "VERL_FP8_GRANULARITIES",
-           "VERL_PRECISIONS", "VERL_ROLLOUTS", "W8A8_QUANT_CONFIG", "VerlRollout", "parse_spec", "rollout_name",
+           "VERL_PRECISIONS", "VERL_ROLLOUTS", "W4A16_EMULATED", "W4A16_EMULATED_NOTE",
+           "W8A8_QUANT_CONFIG", "VerlRollout", "w4a16_quant_config", "parse_spec", "rollout_name",
            "rollout_scheme", "scheme_spec", "verl_rollout", "vllm_cpu_precisions"]

@@ -1,19 +1,23 @@
-"""Does the INT8 weight sync give vLLM the weights it was sent? One command, on a GPU node or
-on vLLM's CPU build:
+"""Does the re-quantizing weight sync give vLLM the weights it was sent? One command, on a GPU node
+or on vLLM's CPU build:
 
     python -m suite.verl.sync_check --device cuda     # slurm/gpu_check.sh runs this
     python -m suite.verl.sync_check --device cpu      # vLLM's CPU build (tests/vllm_cpu)
+    python -m suite.verl.sync_check --device cpu --rollouts int8
 
-Two different models A and B (random, with logits far from uniform, so that the check can tell
-them apart) are written as float32 checkpoints and as W8A8 INT8 checkpoints
-(suite.verl.w8a8_checkpoint). An engine is started from A's INT8 checkpoint with the suite's
-worker extension (suite.verl.int8_hook), then B, A and B again are synced into it through verl's
-own sender and receiver (``BucketedWeightSender`` -> ``update_weights_from_ipc``), as a verl run
-syncs. After each sync the engine's greedy tokens must equal, and its log-probs match, those of
-a fresh engine loaded from the synced model's INT8 checkpoint; before the first sync they must
-differ from B's (else the comparison proves nothing). On a GPU the INT8 layers' live tensors must
-also stay the same storage (CUDA graphs captured on them read the new weights), and the GPU
-re-quantizer must equal the CPU one bit for bit.
+For each rollout (``int8``: W8A8 INT8; ``fp8_per_channel``: QuRL's FP8; ``w4a16``: QaRL's W4A16 on
+vLLM's int4 kernels), two different models A and B (random, with logits far from uniform, so that
+the check can tell them apart) are written as float32 checkpoints and as that rollout's
+compressed-tensors checkpoints (suite.verl.w8a8_checkpoint). An engine is started from A's
+checkpoint with the suite's worker extension (suite.verl.int8_hook), then B, A and B again are
+synced into it through verl's own sender and receiver (``BucketedWeightSender`` ->
+``update_weights_from_ipc``), as a verl run syncs. After each sync the engine's greedy tokens must
+equal, and its log-probs match, those of a fresh engine loaded from the synced model's checkpoint;
+before the first sync they must differ from B's (else the comparison proves nothing). The sync's
+extra memory must stay within the decoder layers one bucket reaches (it is done a layer at a
+time), below the whole model's quantized weights; the figures are printed. On a GPU the quantized
+layers' live tensors must also stay the same storage (CUDA graphs captured on them read the new
+weights), and the GPU re-quantizer must equal the CPU one bit for bit.
 
 The transport is verl's shared-memory path on both devices: CUDA IPC cannot open a handle in the
 process that made it, and sender and engine share this process. Every check prints
@@ -35,7 +39,11 @@ import traceback
 import uuid
 from pathlib import Path
 
-VOCAB, HIDDEN, LAYERS, HEADS, FFN, MAX_LEN = 256, 64, 2, 2, 1024, 128  # head_dim 32: served on CPU and GPU
+# head_dim 32: served on CPU and GPU; 4 decoder layers of ~0.85 MB float32 each, so a 1 MB bucket
+# reaches at most two of them and a layer-wise sync holds less than the whole model
+VOCAB, HIDDEN, LAYERS, HEADS, FFN, MAX_LEN = 256, 64, 4, 2, 1024, 128
+ROLLOUTS = ("int8", "fp8_per_channel", "w4a16")
+W4_GROUP = 32  # the tiny model's 64-wide inputs hold two groups (vLLM needs the width a multiple of it)
 LOGPROB_TOL = 1e-3  # synced vs fresh INT8 engine: the same weights and kernels (measured: 0 on vLLM CPU)
 BUCKET_MB = 1  # several buckets: fused q/k/v and gate/up shards may land in different ones
 INSTALL = "pip install -e '.[gpu]' (verl 0.9.1 + vllm 0.24.0) on a GPU node; .ci/vllm-cpu builds the CPU one"
@@ -45,8 +53,9 @@ class CheckFailed(Exception):
     pass
 
 
-def tiny_checkpoint(root: Path, seed: int) -> dict[str, Path]:
-    """A random Llama (``seed``) as a float32 HF checkpoint ``fp`` and its W8A8 copy ``int8``."""
+def tiny_checkpoint(root: Path, seed: int, rollouts: tuple[str, ...] = ("int8",)) -> dict[str, Path]:
+    """A random Llama (``seed``) as a float32 HF checkpoint ``fp`` and its copy for each of ``rollouts``
+    (W4A16 at group :data:`W4_GROUP`, symmetric)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -70,7 +79,7 @@ def tiny_checkpoint(root: Path, seed: int) -> dict[str, Path]:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", eos_token="t1", bos_token="t2",
                             unk_token="t0").save_pretrained(fp)
-    return {"fp": fp, "int8": write_w8a8_checkpoint(fp, root / f"int8_{seed}")}
+    return {"fp": fp, **{r: write_w8a8_checkpoint(fp, root / f"{r}_{seed}", r, W4_GROUP, True) for r in rollouts}}
 
 
 def _engine(path: Path, device: str, **kw):
@@ -127,11 +136,25 @@ def sync_weights(llm, weights: list, bucket_mb: int = BUCKET_MB) -> float:
     return seconds
 
 
-def _live_pointers(llm) -> list[int]:
+def _live_pointers(llm, scheme: str) -> list[int]:
+    def read(ext_self):
+        from suite.verl.int8_hook import LIVE_PARAMS, int8_layers
+
+        return [getattr(m, p).data_ptr() for m in int8_layers(ext_self.model_runner.model, scheme)
+                for p in LIVE_PARAMS if isinstance(getattr(m, p, None), torch.nn.Parameter)]
+
+    import torch
+
+    return llm.collective_rpc(read)[0]
+
+
+def _kernel(llm, scheme: str) -> str:
+    """The kernel class vLLM chose for the rollout's quantized linears."""
     def read(ext_self):
         from suite.verl.int8_hook import int8_layers
 
-        return [m.weight.data_ptr() for m in int8_layers(ext_self.model_runner.model)]
+        layers = int8_layers(ext_self.model_runner.model, scheme)
+        return type(getattr(layers[0].scheme, "kernel", layers[0].scheme)).__name__ if layers else "none"
 
     return llm.collective_rpc(read)[0]
 
@@ -153,20 +176,26 @@ def check_platform(device: str) -> str:
 
 
 def check_requant() -> str:
+    """The GPU re-quantizers (int8, per-channel fp8, packed int4) equal the CPU ones bit for bit."""
     import torch
 
-    from suite.core.quant import quantize_int8_per_channel
-    from suite.verl.int8_hook import requantize_int8
+    from suite.verl.int8_hook import requantize_fp8, requantize_int8, requantize_w4a16
 
     g = torch.Generator().manual_seed(0)
     w = torch.randn(256, 512, generator=g).to(torch.bfloat16)
-    out = dict(requantize_int8([("model.layers.0.mlp.up_proj.weight", w.cuda())]))
-    codes, scales = quantize_int8_per_channel(w.float())
-    n_c = int((out["model.layers.0.mlp.up_proj.weight"].cpu() != codes).sum())
-    n_s = int((out["model.layers.0.mlp.up_proj.weight_scale"].cpu() != scales.float()).sum())
-    if n_c or n_s:
-        raise CheckFailed(f"GPU vs CPU quantizer: {n_s} scales and {n_c} codes of {tuple(w.shape)} differ")
-    return f"codes and scales equal on {tuple(w.shape)}"
+    name = "model.layers.0.mlp.up_proj.weight"
+    quantizers = {"int8": requantize_int8, "fp8": requantize_fp8,
+                  "w4a16": lambda x: requantize_w4a16(x, 128, True),
+                  "w4a16 asym": lambda x: requantize_w4a16(x, 128, False)}
+    for label, quantize in quantizers.items():
+        gpu = dict(quantize([(name, w.cuda())]))
+        cpu = dict(quantize([(name, w)]))
+        for k, t in cpu.items():
+            a, b = gpu[k].cpu(), t
+            if a.dtype != b.dtype or not torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                                                     b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b):
+                raise CheckFailed(f"GPU vs CPU {label} quantizer: {k} differs on {tuple(w.shape)}")
+    return f"int8, fp8, w4a16 (sym, asym) codes and scales equal on {tuple(w.shape)}"
 
 
 def check_vllm() -> str:
@@ -178,30 +207,38 @@ def check_vllm() -> str:
     return f"vllm {vllm.__version__}"
 
 
-def check_sync(device: str, root: Path) -> str:
-    import torch
+def check_sync(device: str, root: Path, rollout: str) -> str:
     from safetensors.torch import load_file
 
-    os.environ["SUITE_ROLLOUT_QUANT"] = "int8"
+    from suite.verl.rollout_quant import ROLLOUTS_BY_NAME
+
+    scheme = ROLLOUTS_BY_NAME[rollout].vllm_scheme
+    os.environ["SUITE_ROLLOUT_QUANT"] = rollout
+    os.environ["SUITE_W4_GROUP_SIZE"], os.environ["SUITE_W4_SYMMETRIC"] = str(W4_GROUP), "1"
     os.environ.setdefault("VERL_RAY_JOB_ID", "suite-sync-check-" + uuid.uuid4().hex[:8])
-    ck = {seed: tiny_checkpoint(root, seed) for seed in (0, 1)}
+    import torch
+
+    ck = {seed: tiny_checkpoint(root / rollout, seed, (rollout,)) for seed in (0, 1)}
     g = torch.Generator().manual_seed(7)
     prompts = [[2, *torch.randint(3, VOCAB, (9,), generator=g).tolist()] for _ in range(4)]
     want = {}
-    for seed in (0, 1):  # fresh loads of each model's INT8 checkpoint
-        llm = _engine(ck[seed]["int8"], device)
+    for seed in (0, 1):  # fresh loads of each model's quantized checkpoint
+        llm = _engine(ck[seed][rollout], device)
         want[seed] = _rollouts(llm, prompts)
         del llm
     if want[0] == want[1]:
         raise CheckFailed("models A and B roll out the same tokens and log-probs: the check could not tell them apart")
-    llm = _engine(ck[0]["int8"], device, worker_extension_cls="suite.verl.int8_hook.QuantizedWeightSyncExtension")
+    llm = _engine(ck[0][rollout], device, worker_extension_cls="suite.verl.int8_hook.QuantizedWeightSyncExtension")
     if _compare(_rollouts(llm, prompts), want[0]) > LOGPROB_TOL:
-        raise CheckFailed("two fresh engines of A's INT8 checkpoint disagree: the comparison is not deterministic")
-    pointers = _live_pointers(llm) if device == "cuda" else []  # vLLM CPU repacks its INT8 weights (no graphs)
-    parts = []
+        raise CheckFailed(f"two fresh engines of A's {rollout} checkpoint disagree: the comparison is not "
+                          "deterministic")
+    kernel = _kernel(llm, scheme)
+    pointers = _live_pointers(llm, scheme) if device == "cuda" else []  # vLLM CPU repacks its weights (no graphs)
+    parts, stats = [], []
     for seed in (1, 0, 1):  # B, back to A, B again
         weights = list(load_file(str(ck[seed]["fp"] / "model.safetensors")).items())
         seconds = sync_weights(llm, weights)
+        stats.append(llm.collective_rpc("suite_sync_stats")[0])
         try:
             worst = _compare(_rollouts(llm, prompts), want[seed])
         except CheckFailed as exc:
@@ -210,18 +247,40 @@ def check_sync(device: str, root: Path) -> str:
             raise CheckFailed(f"after syncing model {'AB'[seed]}: log-probs differ by up to {worst:.3g} "
                               f"from a fresh load (> {LOGPROB_TOL})")
         parts.append(f"{'AB'[seed]} {seconds:.2f} s, max |dlogp| {worst:.2g}")
-    if device == "cuda" and _live_pointers(llm) != pointers:
-        raise CheckFailed("a sync replaced the INT8 layers' live tensors: CUDA graphs would read stale weights")
+    if device == "cuda" and _live_pointers(llm, scheme) != pointers:
+        raise CheckFailed(f"a sync replaced the {scheme} layers' live tensors: CUDA graphs would read stale weights")
+    memory = _check_memory(stats)
     n = sum(len(t) for t, _ in want[1])
-    return f"syncs {'; '.join(parts)}; {n} tokens each equal a fresh INT8 load" + (
-        "; live tensors kept" if device == "cuda" else "")
+    return (f"{kernel}; syncs {'; '.join(parts)}; {n} tokens each equal a fresh {rollout} load; {memory}"
+            + ("; live tensors kept" if device == "cuda" else ""))
+
+
+def _check_memory(stats: list[dict]) -> str:
+    """The layer-wise sync's bound: the quantized weights it held at once are at most the two decoder
+    layers one bucket can reach (BUCKET_MB < two layers' float32 weights), less than the model's."""
+    s = max(stats, key=lambda x: x["peak_staged_bytes"])
+    bound = 2 * s["layer_bytes_max"]
+    if not s["peak_staged_bytes"] or s["peak_staged_bytes"] > bound or s["peak_staged_bytes"] >= s["model_bytes"]:
+        raise CheckFailed(f"a sync held {s['peak_staged_bytes']} B of staged weights at once: not within two decoder "
+                          f"layers ({bound} B) and below the model's {s['model_bytes']} B")
+    peak = max(x["peak_extra_bytes"] for x in stats)
+    kind = "allocated" if s["device"] == "cuda" else "resident"
+    return (f"staged at most {s['peak_staged_bytes'] / 1024:.0f} KiB at once (one decoder layer "
+            f"{s['layer_bytes_max'] / 1024:.0f} KiB, the model's {s['layers']} layers {s['model_bytes'] / 1024:.0f} "
+            f"KiB); peak {kind} memory over a sync +{peak / 2**20:.1f} MiB")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m suite.verl.sync_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--rollouts", default=",".join(ROLLOUTS),
+                   help=f"comma-separated, of {', '.join(ROLLOUTS)} (default: all)")
     args = p.parse_args(argv)
+    rollouts = [r for r in args.rollouts.split(",") if r]
+    unknown = [r for r in rollouts if r not in ROLLOUTS]
+    if unknown or not rollouts:
+        p.error(f"--rollouts {args.rollouts!r}: allowed: {', '.join(ROLLOUTS)}")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: our objects reach it
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.device == "cpu":  # verl's CPU platform (suite.verl.cpu_workarounds), as a verl run on CPU has it
@@ -249,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
 
         register()
     with tempfile.TemporaryDirectory(prefix="suite_sync_check_") as tmp:
-        ok = ok and check("sync", check_sync, args.device, Path(tmp))
+        for rollout in rollouts:  # each rollout checked even when an earlier one failed
+            if ok:
+                check(f"sync-{rollout}", check_sync, args.device, Path(tmp), rollout)
     print("CHECKS " + json.dumps([{"name": n, "status": s, "detail": d} for n, s, d in results]), flush=True)
     return 0 if ok and all(s == "PASS" for _, s, _ in results) else 1
 

@@ -223,9 +223,10 @@ def loss_env(cfg: DictConfig) -> dict[str, str]:
         env[LOSS_PARAMS_ENV] = json.dumps({k: cfg.correction[k] if isinstance(cfg.correction[k], str)
                                            else float(cfg.correction[k]) for k in c.params}, sort_keys=True)
     q = cfg.quant
-    rollout = verl_rollout(q.precision, q.fp8_granularity)  # None: a precision verl has no rollout for
+    kernels = q.get("w4a16_kernels", "int4")
+    rollout = verl_rollout(q.precision, q.fp8_granularity, kernels)  # None: a precision verl has no rollout for
     if rollout is not None and rollout.weight_sync is not None:
-        env[ROLLOUT_QUANT_ENV] = rollout_name(q.precision, q.fp8_granularity)
+        env[ROLLOUT_QUANT_ENV] = rollout_name(q.precision, q.fp8_granularity, kernels)
         env["SUITE_W4_GROUP_SIZE"] = str(cfg.quant.group_size)
         env["SUITE_W4_SYMMETRIC"] = "1" if cfg.quant.symmetric else "0"
     if cfg.backend.name == "verl" and cfg.backend.device == "cpu":  # suite.verl.cpu_workarounds
@@ -337,8 +338,9 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         if algo == "ppo":
             o.append(f"+critic.fsdp.mixed_precision={mp}")
     # precision (suite.verl.rollout_quant)
-    rollout = verl_rollout(precision, cfg.quant.fp8_granularity)
-    for key, value in rollout.overrides:
+    q = cfg.quant
+    rollout = verl_rollout(precision, q.fp8_granularity, q.get("w4a16_kernels", "int4"))
+    for key, value in rollout.main_ppo_overrides(q.group_size, q.symmetric):
         o.append(f"{key}={value if isinstance(value, str) else _hydra_value(value)}")
     # correction: token-level rollout IS; TIS truncates at C, the suite modes need the raw r
     rc = "algorithm.rollout_correction"
@@ -422,6 +424,8 @@ def _hydra_value(obj) -> str:
         return "{" + ",".join(f"{k}:{_hydra_value(v)}" for k, v in obj.items()) + "}"
     if isinstance(obj, (list, tuple)):
         return "[" + ",".join(_hydra_value(v) for v in obj) + "]"
+    if obj is None:
+        return "null"
     if isinstance(obj, bool):
         return str(obj).lower()
     if isinstance(obj, (int, float)):

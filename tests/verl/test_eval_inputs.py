@@ -68,13 +68,16 @@ def test_each_bad_input_is_refused_and_nothing_is_written(verl_run, tmp_path):
     assert not (verl_run / "eval").exists()
 
 
-@pytest.mark.parametrize("quant, expect", [("quant=int8", "requantize"), ("quant=w4a16", "fake_quant"),
+@pytest.mark.parametrize("quant, expect", [("quant=int8", "requantize"), ("quant=w4a16", "int4"),
+                                           ("quant=w4a16 quant.w4a16_kernels=emulated", "fake_quant"),
+                                           ("quant=w4a16 quant.symmetric=false", "int4"),
                                            ("quant=bf16", "bf16"), ("quant=fp8 quant.fp8_granularity=block", "fp8"),
                                            ("quant=fp8 quant.fp8_granularity=per_channel", "requantize")])
 def test_the_rollout_engine_is_the_checkpoint_a_sync_reproduces(tiny_qwen2, tmp_path, quant, expect):
     """What `suite eval --precision rollout` serves for each rollout precision, from a merged model:
-    INT8 / per-channel FP8 the compressed-tensors checkpoint the weight sync reproduces, W4A16 the weights
-    rounded to the run's grid (every block linear exactly `fake_quant_weights`, the rest unchanged), block
+    INT8 / per-channel FP8 / W4A16 the compressed-tensors checkpoint the weight sync reproduces (W4A16's
+    packed int4 codes, unpacked, exactly the suite quantizer's), emulated W4A16 the weights rounded to the
+    run's grid (every block linear exactly `fake_quant_weights`, the rest unchanged), block
     FP8 vLLM's own online quantization, bf16 the merged model itself."""
     import torch
     from safetensors.torch import load_file
@@ -90,6 +93,30 @@ def test_the_rollout_engine_is_the_checkpoint_a_sync_reproduces(tiny_qwen2, tmp_
     if expect == "requantize":
         qc = json.loads((model / "config.json").read_text())["quantization_config"]
         assert qc["quant_method"] == "compressed-tensors" and "W8A8" in detail and extra == {}
+    elif expect == "int4":
+        from suite.core.quant import quantize_w4
+        from suite.verl.int8_hook import unpack_int4
+
+        qc = json.loads((model / "config.json").read_text())["quantization_config"]
+        w = qc["config_groups"]["group_0"]["weights"]
+        assert (qc["format"], w["num_bits"], w["group_size"], w["symmetric"]) == (
+            "pack-quantized", 4, cfg.quant.group_size, cfg.quant.symmetric)
+        assert "CompressedTensorsWNA16" in detail and extra == {}
+        orig = {k: v for p in tiny_qwen2.glob("*.safetensors") for k, v in load_file(p).items()}
+        got = {k: v for p in model.glob("*.safetensors") for k, v in load_file(p).items()}
+        linears = [k for k in orig if is_quantized_linear(k)]
+        assert linears
+        for k in linears:
+            base = k[: -len("weight")]
+            q = quantize_w4(orig[k].float(), cfg.quant.group_size, cfg.quant.symmetric)
+            codes = unpack_int4(got[base + "weight_packed"], orig[k].shape[1]).to(torch.int16)
+            assert torch.equal(codes - (8 if cfg.quant.symmetric else 0), q[0].to(torch.int16)), k
+            assert torch.equal(got[base + "weight_scale"], q[1].float()), k
+            assert got[base + "weight_shape"].tolist() == list(orig[k].shape), k
+            if not cfg.quant.symmetric:
+                zeros = unpack_int4(got[base + "weight_zero_point"].t().contiguous(), orig[k].shape[0])
+                assert torch.equal(zeros.t(), q[2]), k
+        assert all(torch.equal(got[k], orig[k]) for k in orig if not is_quantized_linear(k))
     elif expect == "fake_quant":
         orig = {k: v for p in tiny_qwen2.glob("*.safetensors") for k, v in load_file(p).items()}
         got = {k: v for p in model.glob("*.safetensors") for k, v in load_file(p).items()}
@@ -101,6 +128,7 @@ def test_the_rollout_engine_is_the_checkpoint_a_sync_reproduces(tiny_qwen2, tmp_
             torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
             assert is_quantized_linear(k) or torch.equal(got[k], orig[k])
         assert (model / "config.json").is_file() and "w4a16-rounded" in detail
+        assert "W4A16 numerics on bf16 kernels" in detail
     elif expect == "fp8":
         assert model == tiny_qwen2 and extra == {"quantization": "fp8"}
     else:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.verl
 from suite.config import ConfigError, compose_config  # noqa: E402
 from suite.hardware import CpuFeatures  # noqa: E402
 from suite.verl.aligned import ALIGNED_BACKENDS, parse_spec  # noqa: E402
-from suite.verl.rollout_quant import FP8_CHANNEL_QUANT_CONFIG  # noqa: E402
+from suite.verl.rollout_quant import FP8_CHANNEL_QUANT_CONFIG, w4a16_quant_config  # noqa: E402
 from suite.verl.translate import (  # noqa: E402
     NEVER_TRUNCATE,
     W8A8_QUANT_CONFIG,
@@ -169,16 +169,19 @@ def _check_semantics(cfg, v, label):
     assert all(isinstance(x, str) for x in env.values()), label
     # fp8: QuRL's per-channel FP8 through compressed-tensors and our sync, or verl's native block FP8
     block_fp8 = q == "fp8" and cfg.quant.fp8_granularity == "block"
-    synced = {"int8": "int8", "w4a16": "w4a16", "fp8": None if block_fp8 else "fp8_per_channel"}.get(q)
+    emulated = q == "w4a16" and cfg.quant.w4a16_kernels == "emulated"
+    synced = {"int8": "int8", "w4a16": "w4a16_emulated" if emulated else "w4a16",
+              "fp8": None if block_fp8 else "fp8_per_channel"}.get(q)
     assert ar.rollout.quantization == ("fp8" if block_fp8 else None), label
     kw = ar.rollout.get("engine_kwargs", {}).get("vllm", {}) or {}
     if synced:
         assert (kw["worker_extension_cls"] == "suite.verl.int8_hook.QuantizedWeightSyncExtension"
                 and env.SUITE_ROLLOUT_QUANT == synced), label
-    if synced in ("int8", "fp8_per_channel"):
+    if synced in ("int8", "fp8_per_channel", "w4a16"):
         from omegaconf import OmegaConf
 
-        want = W8A8_QUANT_CONFIG if q == "int8" else FP8_CHANNEL_QUANT_CONFIG
+        want = {"int8": W8A8_QUANT_CONFIG, "fp8_per_channel": FP8_CHANNEL_QUANT_CONFIG,
+                "w4a16": w4a16_quant_config(cfg.quant.group_size, cfg.quant.symmetric)}[synced]
         assert kw["quantization"] == "compressed-tensors", label
         assert OmegaConf.to_container(kw["hf_overrides"]) == {"quantization_config": want}, label
     else:
@@ -296,16 +299,18 @@ CPU_KINDS = {
 # what vLLM's CPU build serves on each: block fp8 needs AMX (its block-FP8 kernel), int8 a VNNI dot
 # product or AMX; per-channel fp8 runs torch._scaled_mm everywhere
 VLLM_CPU_SERVES = {
-    "avx2": ("bf16", "w4a16", "fp8_per_channel"),
-    "avx2+avx_vnni": ("bf16", "int8", "w4a16", "fp8_per_channel"),
-    "avx512_vnni+avx512_bf16": ("bf16", "int8", "w4a16", "fp8_per_channel"),
-    "amx": ("bf16", "fp8", "int8", "w4a16", "fp8_per_channel"),
+    "avx2": ("bf16", "w4a16", "fp8_per_channel", "w4a16_emulated"),
+    "avx2+avx_vnni": ("bf16", "int8", "w4a16", "fp8_per_channel", "w4a16_emulated"),
+    "avx512_vnni+avx512_bf16": ("bf16", "int8", "w4a16", "fp8_per_channel", "w4a16_emulated"),
+    "amx": ("bf16", "fp8", "int8", "w4a16", "fp8_per_channel", "w4a16_emulated"),
 }
 ROLLOUT_OVERRIDES = {"bf16": ["quant=bf16"], "fp8": ["quant=fp8", "quant.fp8_granularity=block"],
                      "int8": ["quant=int8"], "w4a16": ["quant=w4a16"],
-                     "fp8_per_channel": ["quant=fp8", "quant.fp8_granularity=per_channel"]}
+                     "fp8_per_channel": ["quant=fp8", "quant.fp8_granularity=per_channel"],
+                     "w4a16_emulated": ["quant=w4a16", "quant.w4a16_kernels=emulated"]}
 ROLLOUT_LABELS = {"fp8": "fp8 (quant.fp8_granularity=block)",
-                  "fp8_per_channel": "fp8 (quant.fp8_granularity=per_channel)"}
+                  "fp8_per_channel": "fp8 (quant.fp8_granularity=per_channel)",
+                  "w4a16_emulated": "w4a16 (quant.w4a16_kernels=emulated)"}
 
 
 def test_fp8_granularity_picks_qurls_per_channel_fp8_or_verls_native_blocks(verl_paths, composer):

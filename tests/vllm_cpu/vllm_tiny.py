@@ -45,15 +45,21 @@ def save_hf(model: Transformer, out: Path) -> Path:
     return save_hf_model(model, CharTokenizer(), out)
 
 
-def checkpoints(root: Path, seed: int = 0, fp8: bool = False) -> dict[str, Path]:
+W4_GROUP = 32  # the tiny model's 64-wide inputs hold two groups (vLLM's int4 layout needs whole groups)
+
+
+def checkpoints(root: Path, seed: int = 0, fp8: bool = False, w4a16: bool = False) -> dict[str, Path]:
     """The tiny model (``seed``) as float32 HF checkpoint ``fp`` and its W8A8 INT8 copy ``int8``
-    (with ``fp8``, also its per-channel FP8 copy ``fp8``)."""
+    (with ``fp8``, also its per-channel FP8 copy ``fp8``; with ``w4a16``, its packed int4 W4A16 copy
+    ``w4a16`` at group :data:`W4_GROUP`, symmetric)."""
     from suite.verl.w8a8_checkpoint import write_w8a8_checkpoint
 
     fp = save_hf(tiny_model(seed), root / f"fp{seed}")
     out = {"fp": fp, "int8": write_w8a8_checkpoint(fp, root / f"int8_{seed}")}
     if fp8:
         out["fp8"] = write_w8a8_checkpoint(fp, root / f"fp8_{seed}", rollout="fp8_per_channel")
+    if w4a16:
+        out["w4a16"] = write_w8a8_checkpoint(fp, root / f"w4a16_{seed}", "w4a16", W4_GROUP, True)
     return out
 
 
