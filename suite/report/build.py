@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from suite.report import plots, tables
 from suite.report.data import RunData
 
@@ -35,6 +37,7 @@ def write_report(
     ci_seed: int = tables.CI_SEED,
     notebook: bool = True,
     quiet: bool = True,
+    bench: pd.DataFrame | None = None,
 ) -> dict:
     """Write every table, figure and (unless `notebook=False`) the executed notebook to `out`.
     Returns {"out", "tables", "figures", "notebook", "html", "timings_s", "status"}."""
@@ -48,6 +51,8 @@ def write_report(
     source = {**data.source, "n_resamples": n_resamples, "ci_seed": ci_seed,
               "generated_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     (out / "data" / "source.json").write_text(json.dumps(source, indent=1, default=str) + "\n")
+    if bench is not None and not bench.empty:  # `suite bench vllm` rows: the notebook reads them back
+        bench.to_csv(out / "data" / "bench.csv", index=False)
     paper_src = Path(paper_dir) if paper_dir else tables.analysis_dir()
     paper = tables.load_paper(paper_src)
     (out / "paper").mkdir(exist_ok=True)
@@ -56,7 +61,7 @@ def write_report(
     timings["write_data"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    built = tables.build_tables(data.runs, paper, n_resamples, ci_seed)
+    built = tables.build_tables(data.runs, paper, n_resamples, ci_seed, bench)
     table_paths = {name: tab.write(out / "tables") for name, tab in built.items()}
     timings["tables"] = time.perf_counter() - t
     _say(f"{len(built)} tables written in {timings['tables']:.1f} s -> {out / 'tables'}", quiet)

@@ -37,6 +37,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None, help="output directory (default: reports/<sweep or experiment name>)")
     p.add_argument("--paper", default=None, metavar="DIR",
                    help="directory of the published values paper_*.csv (default: analysis/ of the suite source)")
+    p.add_argument("--bench", action="append", default=[], metavar="FILE",
+                   help="a `suite bench vllm` result (<out>/vllm.json): its speed-ups join the throughput table "
+                        "beside the papers' claims (repeatable)")
     p.add_argument("--resamples", type=int, default=None,
                    help=f"bootstrap resamples for the 95%% CI of cells with >= {BOOTSTRAP_MIN_N} seeds (default 10000)")
     p.add_argument("--ci-seed", type=int, default=None, help="bootstrap seed (default 0)")
@@ -111,6 +114,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     except PaperDataError as e:
         print(f"suite report: bad published values: {e}", file=sys.stderr)
         return 2
+    from suite.report.paper import load_bench
+
+    try:
+        bench = load_bench(args.bench) if args.bench else None
+    except PaperDataError as e:
+        print(f"suite report: {e}", file=sys.stderr)
+        return 2
     expected, name = None, None
     if args.sweep_file:
         src = _sweep_source(args)
@@ -156,7 +166,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 1
     res = write_report(rd, out, paper_dir=args.paper, n_resamples=args.resamples or N_RESAMPLES,
                        ci_seed=CI_SEED if args.ci_seed is None else args.ci_seed,
-                       notebook=not args.no_notebook, quiet=args.quiet)
+                       notebook=not args.no_notebook, quiet=args.quiet, bench=bench)
     if parent and not args.no_log:
         from mlflow.tracking import MlflowClient
 

@@ -109,8 +109,9 @@ def build_notebook(source: dict, table_names: list[str], figure_names: list[str]
             "history = pd.read_csv('data/history.csv')\n"
             f"{load_call}\n"
             "paper = T.load_paper('paper') if Path('paper').exists() else T.load_paper()\n"
+            "bench = pd.read_csv('data/bench.csv') if Path('data/bench.csv').exists() else None\n"
             f"tables = T.build_tables(runs, paper, n_resamples={source.get('n_resamples')}, "
-            f"seed={source.get('ci_seed')})\n"
+            f"seed={source.get('ci_seed')}, bench=bench)\n"
             "print(len(runs), 'runs:', T.status_counts(runs))"),
     ]
     for name in table_names:

@@ -18,6 +18,7 @@ benchmarks the paper did not average. A value that is not a config value stops t
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -356,9 +357,37 @@ LAYOUTS = {("QuRL", "table1"): "QuRL Table 1: GSM8K accuracy (PPO)",
            ("QaRL", "table3"): "QaRL Table 3: Qwen3-8B-Base, GRPO vs TBPO"}
 
 
-def paper_vs_throughput(thr: pd.DataFrame, paper_thr: pd.DataFrame) -> pd.DataFrame:
-    """Rollout speed-up: the paper's ranges (their models on H100) and ours, one configuration a
-    row, in one long table with a `source` column."""
+# `suite bench vllm` rows as the report reads them (suite/bench/vllm_bench.py writes <out>/vllm.json)
+BENCH_COLUMNS = ("rollout", "precision", "model", "shape", "kernels", "device", "gpu", "vllm", "prompts",
+                 "prompt_len", "response_len", "rollout_tok_s", "speedup_vs_bf16", "sync_share_pct")
+_BENCH_PRECISION = {"bf16": "bf16", "int8": "int8", "fp8_per_channel": "fp8", "w4a16": "w4a16"}
+
+
+def load_bench(paths) -> pd.DataFrame:
+    """The measured rows of `suite bench vllm` result files (its ``vllm.json``), one row per precision
+    that ran; a file that is not one raises :class:`PaperDataError` naming it."""
+    rows = []
+    for path in paths or ():
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise PaperDataError(f"--bench {path}: not a readable JSON file ({exc})") from None
+        if not isinstance(doc, dict) or doc.get("bench") != "vllm" or not isinstance(doc.get("rows"), list):
+            raise PaperDataError(f"--bench {path}: not a `suite bench vllm` result (its <out>/vllm.json)")
+        for r in doc["rows"]:
+            if "error" in r:
+                continue
+            missing = [c for c in BENCH_COLUMNS if c not in r and c != "precision"]
+            if missing:
+                raise PaperDataError(f"--bench {path}: a row lacks {', '.join(missing)}")
+            rows.append({**{c: r.get(c) for c in BENCH_COLUMNS}, "precision": _BENCH_PRECISION[r["rollout"]]})
+    return pd.DataFrame(rows, columns=list(BENCH_COLUMNS))
+
+
+def paper_vs_throughput(thr: pd.DataFrame, paper_thr: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Rollout speed-up: the paper's ranges (their models on H100), ours from the runs at hand, and
+    vLLM's serving kernels measured by `suite bench vllm` (``bench``, :func:`load_bench`), one
+    configuration a row, in one long table with a `source` column."""
     rows = []
     for _, p in paper_thr.iterrows():
         rows.append({"source": f"{PAPER_LABEL} ({p['paper']}, {p['hardware']})", "precision": p["precision"],
@@ -372,6 +401,18 @@ def paper_vs_throughput(thr: pd.DataFrame, paper_thr: pd.DataFrame) -> pd.DataFr
         rows.append({"source": f"{MEASURED_LABEL} (runs at hand)", "precision": m["precision"], "model": m["model"],
                      "configuration": describe_row(m), "speedup_pct_low": pct, "speedup_pct_high": pct,
                      "reference": m["speedup_ref"], "sync_share_pct": m["sync_share_pct"], "n": m["n"]})
+    for b in ([] if bench is None else bench.to_dict("records")):
+        if b["rollout"] == "bf16" or pd.isna(b["speedup_vs_bf16"]):
+            continue
+        pct = (b["speedup_vs_bf16"] - 1) * 100
+        where = b["gpu"] if isinstance(b["gpu"], str) and b["gpu"] else "vLLM CPU build"
+        rows.append({"source": f"{MEASURED_LABEL} (suite bench vllm, {where}, vLLM {b['vllm']})",
+                     "precision": b["precision"], "model": b["model"],
+                     "configuration": f"{b['rollout']} on {b['kernels']}, {b['shape']} dummy weights, "
+                                      f"{int(b['prompts'])} x ({int(b['prompt_len'])} + "
+                                      f"{int(b['response_len'])}) tokens",
+                     "speedup_pct_low": pct, "speedup_pct_high": pct, "reference": "bf16",
+                     "sync_share_pct": b["sync_share_pct"], "n": 1})
     return pd.DataFrame(rows, columns=["source", "precision", "model", "configuration", "speedup_pct_low",
                                        "speedup_pct_high", "reference", "sync_share_pct", "n"])
 

@@ -263,9 +263,10 @@ ROWS_NOTE = CAPTIONS["notes"]["rows"]
 
 
 def build_tables(runs: pd.DataFrame, paper: dict[str, pd.DataFrame], n_resamples: int = N_RESAMPLES,
-                 seed: int = CI_SEED) -> dict[str, Table]:
+                 seed: int = CI_SEED, bench: pd.DataFrame | None = None) -> dict[str, Table]:
     """Every table of the report, keyed by file stem. The run frame is prepared once here
-    (`prepare`); each table reads that frame."""
+    (`prepare`); each table reads that frame. ``bench``: `suite bench vllm` rows (paper.load_bench)
+    for the throughput comparison."""
     runs = prepare(runs)
     ci = describe(n_resamples, seed)
     main = main_table(runs, n_resamples, seed)
@@ -278,7 +279,7 @@ def build_tables(runs: pd.DataFrame, paper: dict[str, pd.DataFrame], n_resamples
     evals = eval_table(runs, n_resamples, seed, scores)
     pvm = paper_vs_main(scores, paper["main"])
     pvu = paper_vs_uaq(scores, paper["uaq"], group_lr_controls(scores))
-    pvt = paper_vs_throughput(thr, paper["throughput"])
+    pvt = paper_vs_throughput(thr, paper["throughput"], bench)
     pvk = paper_vs_kl(kl, paper["kl"])
     fill = {"ci": ci, "rows": ROWS_NOTE, "paper": PAPER_NOTE, "counts": counts, "missing": MISSING}
     frames = {

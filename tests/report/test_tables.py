@@ -162,6 +162,41 @@ def test_throughput_and_kl_hand_computed():
     assert set(pvt.loc[pvt["source"].str.startswith("paper"), "model"]) == {"7B", "32B"}
 
 
+def test_bench_vllm_rows_join_the_throughput_comparison(tmp_path):
+    """`suite report --bench vllm.json`: each measured precision of `suite bench vllm` is a row beside
+    the paper's claim for its model size, its speed-up (ratio - 1) in percent; bf16 (the reference) and
+    precisions that failed are not rows."""
+    import json
+
+    from suite.report.paper import PaperDataError, load_bench
+
+    common = {"shape": "qwen2.5-7b", "model": "7B", "gpu": "NVIDIA H200", "vllm": "0.24.0", "prompts": 256,
+              "prompt_len": 512, "response_len": 512, "device": "cuda", "sync_share_pct": 4.0}
+    rows = [{**common, "rollout": "bf16", "kernels": "UnquantizedLinearMethod", "rollout_tok_s": 1000.0,
+             "speedup_vs_bf16": 1.0},
+            {**common, "rollout": "int8", "kernels": "CutlassInt8ScaledMMLinearKernel", "rollout_tok_s": 1250.0,
+             "speedup_vs_bf16": 1.25},
+            {**common, "rollout": "w4a16", "kernels": "MarlinLinearKernel", "rollout_tok_s": 1100.0,
+             "speedup_vs_bf16": 1.1},
+            {"rollout": "fp8_per_channel", "error": "exit 1: CUDA out of memory"}]
+    path = tmp_path / "vllm.json"
+    path.write_text(json.dumps({"bench": "vllm", "machine": {}, "rows": rows}))
+    bench = load_bench([path])
+    assert list(bench["precision"]) == ["bf16", "int8", "w4a16"]
+    pvt = T.paper_vs_throughput(pd.DataFrame(columns=["precision", "speedup"]), T.load_paper()["throughput"], bench)
+    ours = pvt[pvt["source"] == "measured (suite bench vllm, NVIDIA H200, vLLM 0.24.0)"]
+    assert ours[["precision", "model"]].values.tolist() == [["int8", "7B"], ["w4a16", "7B"]]
+    assert ours["speedup_pct_low"].tolist() == [pytest.approx(25.0), pytest.approx(10.0)]
+    assert "CutlassInt8ScaledMMLinearKernel" in ours["configuration"].iloc[0]
+    assert "256 x (512 + 512) tokens" in ours["configuration"].iloc[0]
+    paper_7b = pvt[pvt["source"].str.startswith("paper") & (pvt["model"] == "7B")]
+    assert paper_7b[["speedup_pct_low", "speedup_pct_high"]].values.tolist() == [[20, 30]]
+    del rows[1]["kernels"]
+    path.write_text(json.dumps({"bench": "vllm", "rows": rows}))
+    with pytest.raises(PaperDataError, match="a row lacks kernels"):
+        load_bench([path])
+
+
 def test_missing_cells_from_expected_list():
     runs = frame([{"run_id": "a", "cell": 0, "acc": 0.5}])
     expected = [{"cell": 0, "run_id": "a", "precision": "int8", "correction": "acr", "uaq_s": "1.5", "seed": "0",
