@@ -55,12 +55,13 @@ def group_of(kernel: str) -> str:
 def linear_kernels(worker) -> list[str]:
     """The kernel classes of the model's block linears (a quantized scheme's kernel, else the 16-bit
     linear method), read inside the worker (``collective_rpc``)."""
+    from suite.verl.int8_hook import KERNEL_ATTRS
+
     names = set()
     for m in worker.model_runner.model.modules():
-        scheme = getattr(m, "scheme", None)
-        if scheme is not None:
-            # W8A8 INT8 / W4A16 keep their kernel as .kernel, compressed-tensors FP8 as .fp8_linear
-            names.add(type(getattr(scheme, "kernel", None) or getattr(scheme, "fp8_linear", None) or scheme).__name__)
+        s = getattr(m, "scheme", None)
+        if s is not None:
+            names.add(type(next((getattr(s, a) for a in KERNEL_ATTRS if getattr(s, a, None) is not None), s)).__name__)
     if not names:
         names = {type(m.quant_method).__name__ for n, m in worker.model_runner.model.named_modules()
                  if ".layers." in n and n.endswith("_proj") and hasattr(m, "quant_method")}

@@ -80,6 +80,7 @@ INT8_SCHEME = "CompressedTensorsW8A8Int8"  # vLLM's scheme class for W8A8 INT8 (
 # every parameter a compressed-tensors scheme of ours registers (W8A8: weight ...; W4A16: weight_packed ...)
 LIVE_PARAMS = ("weight", "weight_scale", "input_scale", "input_zero_point", "azp_adj", "weight_packed",
                 "weight_shape", "weight_zero_point")
+KERNEL_ATTRS = ("kernel", "fp8_linear")  # where a compressed-tensors scheme keeps its kernel object
 UNQUANTIZED_LINEAR = "UnquantizedLinearMethod"  # vLLM's method of a 16-bit linear (pre-packed on CPU)
 
 
@@ -295,8 +296,9 @@ class LayerwiseSync:
             counts[id(param)] = counts.get(id(param), 0) + 1
             return load(param, *args, **kwargs)
 
-        # the engine's kernel object (GPU: e.g. Marlin's workspace, which captured CUDA graphs read)
-        kernel = getattr(layer.scheme, "kernel", None)
+        # the engine's kernel objects (GPU: e.g. Marlin's workspace, which captured CUDA graphs read);
+        # create_weights makes new ones (W8A8 INT8 / W4A16: .kernel, compressed-tensors FP8: .fp8_linear)
+        kernel = {a: getattr(layer.scheme, a) for a in KERNEL_ATTRS if getattr(layer.scheme, a, None) is not None}
         with torch.device(device):
             layer.scheme.create_weights(  # the INT8 scheme takes input / output size as **kwargs, FP8 needs them
                 layer=layer, output_partition_sizes=layer.output_partition_sizes,
@@ -317,8 +319,8 @@ class LayerwiseSync:
             _process_once(layer)
             if any(t.is_cuda for t in live.values()):
                 fold_into_live(layer, live)
-                if st["kernel"] is not None:  # keep the kernel object the CUDA graphs were captured with
-                    layer.scheme.kernel = st["kernel"]
+                for attr, kernel in st["kernel"].items():  # keep the objects the CUDA graphs were captured with
+                    setattr(layer.scheme, attr, kernel)
             self.staged_bytes -= st["bytes"]
             self.done.add(name)
 

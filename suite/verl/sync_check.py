@@ -151,10 +151,13 @@ def _live_pointers(llm, scheme: str) -> list[int]:
 def _kernel(llm, scheme: str) -> str:
     """The kernel class vLLM chose for the rollout's quantized linears."""
     def read(ext_self):
-        from suite.verl.int8_hook import int8_layers
+        from suite.verl.int8_hook import KERNEL_ATTRS, int8_layers
 
         layers = int8_layers(ext_self.model_runner.model, scheme)
-        return type(getattr(layers[0].scheme, "kernel", layers[0].scheme)).__name__ if layers else "none"
+        if not layers:
+            return "none"
+        s = layers[0].scheme
+        return type(next((getattr(s, a) for a in KERNEL_ATTRS if getattr(s, a, None) is not None), s)).__name__
 
     return llm.collective_rpc(read)[0]
 
