@@ -382,13 +382,20 @@ def restage_prepacked(model: torch.nn.Module) -> int:
 
 
 def fold_into_live(layer: torch.nn.Module, live: dict[str, torch.nn.Parameter]) -> None:
-    """GPU only: copy the processed tensors into the live ones (same shape and strides) and
-    restore them, so CUDA graphs captured on the live tensors read the new weights."""
+    """GPU only: copy the processed tensors into the live ones and restore them, so CUDA graphs
+    captured on the live tensors read the new weights (:func:`copy_into_live`)."""
     require_gpu()
+    copy_into_live(layer, live)
+
+
+def copy_into_live(layer: torch.nn.Module, live: dict[str, torch.nn.Parameter]) -> None:
+    """Copy each processed parameter of ``layer`` into the live one of the same name (same shape:
+    vLLM's processing is a function of the loading shapes, so every sync gives the layout the engine
+    started with) and put the live one back; raises where a layout changed."""
     for p, old in live.items():
         new = getattr(layer, p, None)
         if new is None or new.shape != old.shape:
-            raise RuntimeError(f"INT8 weight sync: {p} changed layout ({None if new is None else tuple(new.shape)} "
+            raise RuntimeError(f"weight sync: {p} changed layout ({None if new is None else tuple(new.shape)} "
                                f"vs live {tuple(old.shape)}); this vLLM version is not supported by "
                                "suite.verl.int8_hook")
         old.data.copy_(new.data)
@@ -503,6 +510,6 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["LayerwiseSync", "NoGPUError", "fake_quant_weights", "fold_into_live", "int8_layers", "is_quantized_linear",
-           "pack_int4", "release_memory", "requantize", "requantize_fp8", "requantize_int8", "requantize_w4a16",
-           "require_gpu", "restage_kv_scales", "restage_prepacked", "unpack_int4", "w4_params"]
+__all__ = ["LayerwiseSync", "NoGPUError", "copy_into_live", "fake_quant_weights", "fold_into_live", "int8_layers",
+           "is_quantized_linear", "pack_int4", "release_memory", "requantize", "requantize_fp8", "requantize_int8",
+           "requantize_w4a16", "require_gpu", "restage_kv_scales", "restage_prepacked", "unpack_int4", "w4_params"]

@@ -73,8 +73,8 @@ def test_an_fp8_checkpoint_is_not_the_int8_one(tmp_path):
         t = load_file(str(ck[kind] / "model.safetensors"))
         assert t[f"{name}.weight"].dtype == dtype and t[f"{name}.weight_scale"].shape[1] == 1, kind
         assert json.loads((ck[kind] / "config.json").read_text())["quantization_config"]["format"] == fmt
-    with pytest.raises(ValueError, match="rollout='w4a16' has no compressed-tensors checkpoint; allowed: int8, "
-                                         "fp8_per_channel"):
+    with pytest.raises(ValueError, match="rollout='w4a16_emulated' has no compressed-tensors checkpoint; allowed: "
+                                         "int8, w4a16, fp8_per_channel"):
         from suite.verl.w8a8_checkpoint import write_w8a8_checkpoint
 
-        write_w8a8_checkpoint(ck["fp"], tmp_path / "w4", rollout="w4a16")
+        write_w8a8_checkpoint(ck["fp"], tmp_path / "w4", rollout="w4a16_emulated")
