@@ -405,7 +405,13 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"{_q(os.path.join(os.path.abspath(run_dir or default_run_dir(cfg)), 'checkpoints'))}",
     ]
     if b.device == "cpu":  # vLLM's CPU build (suite.verl.cpu_workarounds)
-        o += list(VERL_CPU_OVERRIDES)
+        cpu = list(VERL_CPU_OVERRIDES)
+        if rollout.vllm_scheme == "CompressedTensorsWNA16":
+            # W4A16's parameters (weight_packed, ...) are not the HF checkpoint's, which vLLM cannot load
+            # into them: dummy weights until verl's first sync, as verl starts its rollout on a GPU
+            cpu = [f"{ar}.rollout.load_format=dummy" if x.startswith(f"{ar}.rollout.load_format=") else x
+                   for x in cpu]
+        o += cpu
         if rollout.weight_sync is None:  # the extension re-stages the linears vLLM CPU packed
             o += [f"{key}={value}" for key, value in EXTENSION_OVERRIDES]
         if a.dynamic_sampling:  # only verl's v1 trainer filters groups (TransferQueue, one storage actor)

@@ -92,3 +92,18 @@ def test_w4a16_kernels_refusals_name_the_key(overrides, message):
 def test_emulated_w4a16_takes_any_group_size():
     cfg = compose_config(VERL + ["quant=w4a16", "quant.group_size=256", "quant.w4a16_kernels=emulated"])
     assert cfg.quant.group_size == 256
+
+
+def test_a_cpu_w4a16_rollout_starts_on_dummy_weights():
+    """vLLM's CPU build: the W4A16 engine's parameters (weight_packed, ...) are not the HF checkpoint's, so
+    it starts on dummy weights until verl's first sync (load_format=auto failed: 'There is no module or
+    parameter named ...down_proj.weight'); the other rollouts keep loading the checkpoint."""
+    from suite.verl.translate import verl_overrides
+
+    def load_formats(*quant):
+        ov = verl_overrides(compose_config(VERL + ["backend.device=cpu", *quant]))
+        return [o.split("=", 1)[1] for o in ov if o.startswith("actor_rollout_ref.rollout.load_format=")]
+
+    assert load_formats("quant=w4a16", "quant.group_size=32") == ["dummy"]
+    assert load_formats("quant=w4a16", "quant.w4a16_kernels=emulated") == ["auto"]
+    assert load_formats("quant=bf16") == ["auto"]
