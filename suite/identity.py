@@ -94,20 +94,23 @@ def semantic_config(cfg: DictConfig, drop: tuple[str, ...] = ()) -> dict:
     and what a run logs as its MLflow params."""
     data = OmegaConf.to_container(cfg, resolve=True)
     for key in NON_SEMANTIC + drop + tuple(OMITTED_AT_DEFAULT):
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.get(p, {})
+        node, leaf = _parent(data, key)
         if key not in OMITTED_AT_DEFAULT or (leaf in node and _same(node[leaf], OMITTED_AT_DEFAULT[key])):
             node.pop(leaf, None)
     for key, applies in CONDITIONAL.items():
         if not applies(data):
-            *parents, leaf = key.split(".")
-            node = data
-            for p in parents:
-                node = node.get(p, {})
+            node, leaf = _parent(data, key)
             node.pop(leaf, None)
     return data
+
+
+def _parent(data: dict, key: str) -> tuple[dict, str]:
+    """(the dict that holds dotted ``key``'s leaf, the leaf); an absent section is an empty dict."""
+    *parents, leaf = key.split(".")
+    node = data
+    for p in parents:
+        node = node.get(p, {})
+    return node, leaf
 
 
 def _same(value, default) -> bool:

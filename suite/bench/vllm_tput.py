@@ -55,15 +55,12 @@ def group_of(kernel: str) -> str:
 def linear_kernels(worker) -> list[str]:
     """The kernel classes of the model's block linears (a quantized scheme's kernel, else the 16-bit
     linear method), read inside the worker (``collective_rpc``)."""
-    from suite.verl.int8_hook import KERNEL_ATTRS
+    from suite.verl.int8_hook import kernel_name
 
-    names = set()
-    for m in worker.model_runner.model.modules():
-        s = getattr(m, "scheme", None)
-        if s is not None:
-            names.add(type(next((getattr(s, a) for a in KERNEL_ATTRS if getattr(s, a, None) is not None), s)).__name__)
+    model = worker.model_runner.model
+    names = {kernel_name(m.scheme) for m in model.modules() if getattr(m, "scheme", None) is not None}
     if not names:
-        names = {type(m.quant_method).__name__ for n, m in worker.model_runner.model.named_modules()
+        names = {type(m.quant_method).__name__ for n, m in model.named_modules()
                  if ".layers." in n and n.endswith("_proj") and hasattr(m, "quant_method")}
     return sorted(names)
 

@@ -18,7 +18,7 @@ from suite.verl.rollout_quant import (
     ROLLOUTS_BY_NAME,
     VERL_FP8_GRANULARITIES,
     VERL_PRECISIONS,
-    rollout_name,
+    quant_rollout,
 )
 
 VERL_DEVICES = ("cuda", "cpu")  # backend.device: the vLLM build (GPU, or vLLM's CPU build)
@@ -108,11 +108,11 @@ _ROLLOUT_LABELS = {"fp8": "fp8 (quant.fp8_granularity=block)",
                    "w4a16_emulated": "w4a16 (quant.w4a16_kernels=emulated)"}
 
 
-def _check_vllm_cpu(precision: str, fp8_granularity: str, w4a16_kernels: str = "int4") -> None:
+def _check_vllm_cpu(quant: DictConfig) -> None:
     from suite.hardware import cpu_features
 
     features = cpu_features()
-    name = rollout_name(precision, fp8_granularity, w4a16_kernels)
+    name = quant_rollout(quant)[0]
     served = vllm_cpu_rollouts(features)
     needs = ROLLOUTS_BY_NAME[name].vllm_cpu_needs
     check(
@@ -135,7 +135,7 @@ def validate_verl(cfg: DictConfig) -> None:
     check_choice(cfg, "quant.precision", VERL_PRECISIONS)
     if cfg.quant.precision == "fp8":  # per_channel: QuRL's FP8 (compressed-tensors); block: verl's native FP8
         check_choice(cfg, "quant.fp8_granularity", VERL_FP8_GRANULARITIES)
-    if cfg.quant.precision == "w4a16" and cfg.quant.get("w4a16_kernels", "int4") == "int4":
+    if quant_rollout(cfg.quant)[0] == "w4a16":  # vLLM's int4 kernels (not w4a16_emulated)
         check(cfg.quant.group_size in W4A16_INT4_GROUPS, "quant.group_size",
               f"{cfg.quant.group_size} has no vLLM int4 kernel (Marlin's group sizes); allowed: "
               f"{', '.join(map(str, W4A16_INT4_GROUPS))}, or quant.w4a16_kernels=emulated "
@@ -143,7 +143,7 @@ def validate_verl(cfg: DictConfig) -> None:
     check_choice(cfg, "backend.device", VERL_DEVICES)
     check_choice(cfg, "backend.param_dtype", VERL_PARAM_DTYPES)
     if b.device == "cpu":
-        _check_vllm_cpu(cfg.quant.precision, cfg.quant.fp8_granularity, cfg.quant.get("w4a16_kernels", "int4"))
+        _check_vllm_cpu(cfg.quant)
     check(not cfg.quant.lm_head, "quant.lm_head",
           "runs on the embedded backend only (verl's quantized rollouts keep lm_head in 16 bit); allowed with "
           "backend=verl: false")

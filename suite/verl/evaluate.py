@@ -149,12 +149,10 @@ def merge(run_dir: str | os.PathLike, step: int, python: str = sys.executable, l
 
 def rollout_model(cfg: DictConfig, merged: Path, out: Path) -> tuple[Path, dict, str]:
     """(model dir, extra vLLM arguments, description) of the run's rollout engine on ``merged``."""
-    from suite.verl.rollout_quant import rollout_name, verl_rollout
+    from suite.verl.rollout_quant import quant_rollout
 
     q = cfg.quant
-    kernels = q.get("w4a16_kernels", "int4")
-    name = rollout_name(q.precision, q.fp8_granularity, kernels)
-    rollout = verl_rollout(q.precision, q.fp8_granularity, kernels)
+    name, rollout = quant_rollout(q)
     if rollout.weight_sync == "requantize":
         from suite.verl.w8a8_checkpoint import write_w8a8_checkpoint
 

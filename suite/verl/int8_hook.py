@@ -53,6 +53,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -195,9 +196,14 @@ def fake_quant_weights(weights: Iterable[tuple[str, torch.Tensor]],
         yield (name, fake_quant(w, scheme, name=name).to(w.dtype)) if is_quantized_linear(name) else (name, w)
 
 
+def scheme_layers(model: torch.nn.Module, scheme: str = INT8_SCHEME) -> dict[str, torch.nn.Module]:
+    """The vLLM model's linears of compressed-tensors ``scheme`` (W8A8 INT8 by default), by module name."""
+    return {n: m for n, m in model.named_modules() if type(getattr(m, "scheme", None)).__name__ == scheme}
+
+
 def int8_layers(model: torch.nn.Module, scheme: str = INT8_SCHEME) -> list[torch.nn.Module]:
-    """The vLLM model's linears of compressed-tensors ``scheme`` (W8A8 INT8 by default)."""
-    return [m for m in model.modules() if type(getattr(m, "scheme", None)).__name__ == scheme]
+    """The linears of :func:`scheme_layers`, in module order."""
+    return list(scheme_layers(model, scheme).values())
 
 
 def _prepacked_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -214,6 +220,17 @@ def _device(layer: torch.nn.Module) -> torch.device:
 
 def _loader(layer: torch.nn.Module):
     return getattr(layer, "weight_loader_v2", None) or layer.weight_loader
+
+
+def kernel_name(scheme) -> str:
+    """The class name of a compressed-tensors scheme's kernel object (:data:`KERNEL_ATTRS`), else the scheme's."""
+    return type(next((getattr(scheme, a) for a in KERNEL_ATTRS if getattr(scheme, a, None) is not None),
+                     scheme)).__name__
+
+
+def live_params(layer: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The parameters a quantized layer's scheme registered (:data:`LIVE_PARAMS`), by name."""
+    return {p: getattr(layer, p) for p in LIVE_PARAMS if isinstance(getattr(layer, p, None), torch.nn.Parameter)}
 
 
 def _nbytes(params: Iterable[torch.Tensor]) -> int:
@@ -240,6 +257,24 @@ def _already_processed(layer: torch.nn.Module) -> None:
     """verl's post-sync processing of a layer this sync processed already: nothing to do."""
 
 
+@dataclass
+class _Pending:
+    """A staged layer waiting for its shards: its live parameters and kernel objects (for the GPU fold),
+    how many loads each staged parameter got, and the staged bytes."""
+
+    layer: torch.nn.Module
+    live: dict[str, torch.nn.Parameter]
+    kernels: dict[str, object]
+    counts: dict[int, int]
+    staged_ids: list[int]
+    nbytes: int
+
+    def complete(self) -> bool:
+        """Every staged parameter got one load per output shard (q / k / v, gate / up, or the one)."""
+        shards = len(self.layer.output_partition_sizes)
+        return all(self.counts.get(i, 0) >= shards for i in self.staged_ids)
+
+
 class LayerwiseSync:
     """One weight sync of a re-quantized rollout, a decoder layer at a time (see the module doc).
 
@@ -247,7 +282,8 @@ class LayerwiseSync:
     bucket reaches fresh loading-layout parameters, whose loaders count the shards they receive;
     ``finish_complete()`` after it processes each layer that has every shard, folds it into the live
     tensors on a GPU and drops the loading copy; ``close()`` after verl's own post-sync processing
-    (which skips these layers) checks that nothing was left half-loaded and releases the cache.
+    (which skips these layers) checks that nothing was left half-loaded (the extension then releases
+    the cache, :func:`release_memory`).
     ``stats`` holds the loading-layout bytes this sync held at once beyond the engine's own weights
     (``peak_staged_bytes``: at most the decoder layers one bucket reaches), against the same for
     every layer it synced (``model_bytes``, what staging the whole model would hold) and for the
@@ -255,7 +291,7 @@ class LayerwiseSync:
     """
 
     def __init__(self, model: torch.nn.Module, scheme: str = INT8_SCHEME):
-        self.layers = {n: m for n, m in model.named_modules() if type(getattr(m, "scheme", None)).__name__ == scheme}
+        self.layers = scheme_layers(model, scheme)
         if not self.layers:
             raise RuntimeError(f"SUITE_ROLLOUT_QUANT={os.environ.get('SUITE_ROLLOUT_QUANT', '')} but the vLLM model "
                                f"has no {scheme} layer: was it built with the compressed-tensors config of "
@@ -263,17 +299,13 @@ class LayerwiseSync:
         if len({id(m.quant_method) for m in self.layers.values()}) != len(self.layers):
             raise RuntimeError("suite.verl.int8_hook: vLLM shares one quant method between layers; this vLLM "
                                "version is not supported by the layer-wise sync")
-        self.pending: dict[str, tuple[torch.nn.Module, dict, dict, int]] = {}
+        self.pending: dict[str, _Pending] = {}
         self.done: set[str] = set()
         self.staged_bytes = 0
         self.block_bytes: dict[str | None, int] = {}  # loading-layout bytes per decoder layer, as staged
         self.stats = {"peak_staged_bytes": 0, "layer_bytes_max": 0, "model_bytes": 0, "layers": 0}
         for m in self.layers.values():  # verl's post-sync pass over every module must not process them again
             m.quant_method.process_weights_after_loading = _already_processed
-
-    @staticmethod
-    def _live(layer: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-        return {p: getattr(layer, p) for p in LIVE_PARAMS if isinstance(getattr(layer, p, None), torch.nn.Parameter)}
 
     def stage(self, names: Iterable[str]) -> None:
         blocks = {_block(n) for n in names if is_quantized_linear(n)}
@@ -285,7 +317,7 @@ class LayerwiseSync:
         self.stats["peak_staged_bytes"] = max(self.stats["peak_staged_bytes"], self.staged_bytes)
 
     def _stage(self, name: str, layer: torch.nn.Module) -> None:
-        live = self._live(layer)
+        live = live_params(layer)
         device = _device(layer)
         for p in live:
             delattr(layer, p)
@@ -305,23 +337,21 @@ class LayerwiseSync:
                 input_size_per_partition=layer.input_size_per_partition, input_size=layer.input_size,
                 output_size=layer.output_size, params_dtype=layer.params_dtype, weight_loader=counting_loader,
             )
-        staged = self._live(layer)
-        self.staged_bytes += _nbytes(staged.values())
-        self.block_bytes[_block(name)] = self.block_bytes.get(_block(name), 0) + _nbytes(staged.values())
-        self.pending[name] = (layer, live, {"counts": counts, "ids": [id(t) for t in staged.values()],
-                                            "bytes": _nbytes(staged.values()), "kernel": kernel},
-                              len(layer.output_partition_sizes))
+        staged = live_params(layer)
+        nbytes = _nbytes(staged.values())
+        self.staged_bytes += nbytes
+        self.block_bytes[_block(name)] = self.block_bytes.get(_block(name), 0) + nbytes
+        self.pending[name] = _Pending(layer, live, kernel, counts, [id(t) for t in staged.values()], nbytes)
 
     def finish_complete(self) -> None:
-        for name in [n for n, (_, _, st, shards) in self.pending.items()
-                     if all(st["counts"].get(i, 0) >= shards for i in st["ids"])]:
-            layer, live, st, _ = self.pending.pop(name)
-            _process_once(layer)
-            if any(t.is_cuda for t in live.values()):
-                fold_into_live(layer, live)
-                for attr, kernel in st["kernel"].items():  # keep the objects the CUDA graphs were captured with
-                    setattr(layer.scheme, attr, kernel)
-            self.staged_bytes -= st["bytes"]
+        for name in [n for n, p in self.pending.items() if p.complete()]:
+            p = self.pending.pop(name)
+            _process_once(p.layer)
+            if any(t.is_cuda for t in p.live.values()):
+                fold_into_live(p.layer, p.live)
+                for attr, kernel in p.kernels.items():  # keep the objects the CUDA graphs were captured with
+                    setattr(p.layer.scheme, attr, kernel)
+            self.staged_bytes -= p.nbytes
             self.done.add(name)
 
     def close(self) -> None:
@@ -335,13 +365,17 @@ class LayerwiseSync:
             self.pending.clear()
             raise RuntimeError(f"weight sync: {n} quantized layers received only part of their shards ({names}): "
                                "the sync was incomplete")
-        release_memory()
+
+
+def _on_cuda() -> bool:
+    """Whether this process drives a CUDA device (its engine's tensors are CUDA ones)."""
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 def release_memory() -> None:
     """Return what a sync freed: the CUDA caching allocator's blocks (``empty_cache``) on a GPU."""
     gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _on_cuda():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
@@ -410,7 +444,7 @@ def _rollout():
 
 def _memory_mark() -> int:
     """Bytes in use now (GPU: allocated by torch; CPU: resident), with the peak counter reset."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _on_cuda():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         return torch.cuda.memory_allocated()
@@ -423,7 +457,7 @@ def _memory_mark() -> int:
 
 
 def _memory_peak() -> int:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _on_cuda():
         return torch.cuda.max_memory_allocated()
     try:
         return _proc_status("VmHWM")
@@ -474,9 +508,9 @@ def _make_extension():
                     if sync is not None:
                         sync.close()
             release_memory()
-            stats = dict(sync.stats) if rollout.weight_sync == "requantize" else {}
+            stats = dict(sync.stats) if sync is not None else {}
             stats.update(seconds=time.perf_counter() - start, peak_extra_bytes=max(0, _memory_peak() - before),
-                         device="cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu")
+                         device="cuda" if _on_cuda() else "cpu")
             self.suite_last_sync = stats
             log.info("suite %s weight sync: %s", os.environ.get("SUITE_ROLLOUT_QUANT"), stats)
 
@@ -511,5 +545,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["LayerwiseSync", "NoGPUError", "copy_into_live", "fake_quant_weights", "fold_into_live", "int8_layers",
-           "is_quantized_linear", "pack_int4", "release_memory", "requantize", "requantize_fp8", "requantize_int8",
-           "requantize_w4a16", "require_gpu", "restage_kv_scales", "restage_prepacked", "unpack_int4", "w4_params"]
+           "is_quantized_linear", "kernel_name", "live_params", "pack_int4", "release_memory", "requantize",
+           "requantize_fp8", "requantize_int8", "requantize_w4a16", "require_gpu", "restage_kv_scales",
+           "restage_prepacked", "scheme_layers", "unpack_int4", "w4_params"]

@@ -189,6 +189,13 @@ def verl_rollout(precision: str, fp8_granularity: str = "block", w4a16_kernels: 
     return ROLLOUTS_BY_NAME.get(rollout_name(precision, fp8_granularity, w4a16_kernels))
 
 
+def quant_rollout(quant) -> tuple[str, VerlRollout | None]:
+    """(run name, rollout) of a run's ``quant`` config; a config written before
+    ``quant.w4a16_kernels`` existed (a run's config.yaml) has W4A16 on int4 kernels."""
+    name = rollout_name(quant.precision, quant.fp8_granularity, quant.get("w4a16_kernels", "int4"))
+    return name, ROLLOUTS_BY_NAME.get(name)
+
+
 def vllm_cpu_precisions(features) -> tuple[str, ...]:
     """The rollout precisions vLLM's CPU build serves on a CPU with ``features`` (suite.hardware)."""
     return tuple(p for p, r in VERL_ROLLOUTS.items() if r.on_vllm_cpu(features))
@@ -246,6 +253,6 @@ def parse_spec(spec: str, env: str) -> QuantScheme:
 
 
 __all__ = ["FP8_CHANNEL_QUANT_CONFIG", "FP8_PER_CHANNEL", "ROLLOUTS_BY_NAME", "VERL_FP8_GRANULARITIES",
-           "VERL_PRECISIONS", "VERL_ROLLOUTS", "W4A16_EMULATED", "W4A16_EMULATED_NOTE",
+           "VERL_PRECISIONS", "VERL_ROLLOUTS", "W4A16_EMULATED", "W4A16_EMULATED_NOTE", "quant_rollout",
            "W8A8_QUANT_CONFIG", "VerlRollout", "w4a16_quant_config", "parse_spec", "rollout_name",
            "rollout_scheme", "scheme_spec", "verl_rollout", "vllm_cpu_precisions"]

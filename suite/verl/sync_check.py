@@ -138,12 +138,10 @@ def sync_weights(llm, weights: list, bucket_mb: int = BUCKET_MB) -> float:
 
 def _live_pointers(llm, scheme: str) -> list[int]:
     def read(ext_self):
-        from suite.verl.int8_hook import LIVE_PARAMS, int8_layers
+        from suite.verl.int8_hook import int8_layers, live_params
 
-        return [getattr(m, p).data_ptr() for m in int8_layers(ext_self.model_runner.model, scheme)
-                for p in LIVE_PARAMS if isinstance(getattr(m, p, None), torch.nn.Parameter)]
-
-    import torch
+        return [t.data_ptr() for m in int8_layers(ext_self.model_runner.model, scheme)
+                for t in live_params(m).values()]
 
     return llm.collective_rpc(read)[0]
 
@@ -151,13 +149,10 @@ def _live_pointers(llm, scheme: str) -> list[int]:
 def _kernel(llm, scheme: str) -> str:
     """The kernel class vLLM chose for the rollout's quantized linears."""
     def read(ext_self):
-        from suite.verl.int8_hook import KERNEL_ATTRS, int8_layers
+        from suite.verl.int8_hook import int8_layers, kernel_name
 
         layers = int8_layers(ext_self.model_runner.model, scheme)
-        if not layers:
-            return "none"
-        s = layers[0].scheme
-        return type(next((getattr(s, a) for a in KERNEL_ATTRS if getattr(s, a, None) is not None), s)).__name__
+        return kernel_name(layers[0].scheme) if layers else "none"
 
     return llm.collective_rpc(read)[0]
 

@@ -11,7 +11,7 @@ mapping, axis by axis:
   ``algo.kl_coef > 0``; dapo -> ``grpo`` with clip-higher, ``algorithm.filter_groups`` (run by verl's
   v1 trainer only) and verl's ``dapo`` reward manager with the overlong buffer.
 - precision: the overrides and worker environment of its entry of suite.verl.rollout_quant
-  ``verl_rollout`` (bf16: nothing; fp8 block: verl's native FP8; int8 / fp8 per_channel / w4a16: our vLLM worker
+  ``quant_rollout`` (bf16: nothing; fp8 block: verl's native FP8; int8 / fp8 per_channel / w4a16: our vLLM worker
   extension, suite.verl.int8_hook, re-quantizing every weight sync).
   ``rollout.calculate_log_probs=true`` always, so verl logs the ``rollout_corr/`` mismatch.
 - correction (``Correction.verl`` in suite.core.losses): naive -> verl's stock pipeline (vanilla
@@ -43,9 +43,8 @@ from suite.verl.rollout_quant import (  # noqa: F401
     VERL_ROLLOUTS,
     W8A8_QUANT_CONFIG,
     WORKER_EXTENSION,
-    rollout_name,
+    quant_rollout,
     scheme_spec,
-    verl_rollout,
 )
 
 # rollout_is_threshold for the modes that need the raw r: verl clamps log r to +-20 before exp
@@ -223,10 +222,9 @@ def loss_env(cfg: DictConfig) -> dict[str, str]:
         env[LOSS_PARAMS_ENV] = json.dumps({k: cfg.correction[k] if isinstance(cfg.correction[k], str)
                                            else float(cfg.correction[k]) for k in c.params}, sort_keys=True)
     q = cfg.quant
-    kernels = q.get("w4a16_kernels", "int4")
-    rollout = verl_rollout(q.precision, q.fp8_granularity, kernels)  # None: a precision verl has no rollout for
+    name, rollout = quant_rollout(q)  # None: a precision verl has no rollout for
     if rollout is not None and rollout.weight_sync is not None:
-        env[ROLLOUT_QUANT_ENV] = rollout_name(q.precision, q.fp8_granularity, kernels)
+        env[ROLLOUT_QUANT_ENV] = name
         env["SUITE_W4_GROUP_SIZE"] = str(cfg.quant.group_size)
         env["SUITE_W4_SYMMETRIC"] = "1" if cfg.quant.symmetric else "0"
     if cfg.backend.name == "verl" and cfg.backend.device == "cpu":  # suite.verl.cpu_workarounds
@@ -258,7 +256,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     if cfg.backend.name != "verl":
         raise ValueError(f"backend.name={cfg.backend.name!r}: verl overrides need backend=verl")
     b, a, r, c, t = cfg.backend, cfg.algo, cfg.rollout, cfg.correction, cfg.train
-    algo, mode, precision = a.name, c.mode, cfg.quant.precision
+    algo, mode = a.name, c.mode
     model = uaq_model_dir(cfg, run_dir)
     experiment, run_name = mlflow_names(cfg)
     ar = "actor_rollout_ref"
@@ -339,7 +337,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
             o.append(f"+critic.fsdp.mixed_precision={mp}")
     # precision (suite.verl.rollout_quant)
     q = cfg.quant
-    rollout = verl_rollout(precision, q.fp8_granularity, q.get("w4a16_kernels", "int4"))
+    rollout = quant_rollout(q)[1]
     for key, value in rollout.main_ppo_overrides(q.group_size, q.symmetric):
         o.append(f"{key}={value if isinstance(value, str) else _hydra_value(value)}")
     # correction: token-level rollout IS; TIS truncates at C, the suite modes need the raw r
