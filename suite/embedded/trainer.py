@@ -477,10 +477,8 @@ class EmbeddedRun:
 
     def _run(self) -> dict:
         cfg = self.cfg
-        summary_path = rundir.path(self.run_dir, rundir.SUMMARY_FILE)
-        if os.path.exists(summary_path):
-            with open(summary_path) as fh:
-                summary = json.load(fh)
+        summary = rundir.finished_summary(self.run_dir)
+        if summary is not None:
             summary["already_finished"] = True
             return summary
         drop_corrupt = cfg.tracking.drop_corrupt_metrics
@@ -559,8 +557,5 @@ class EmbeddedRun:
         if pruned:
             logger.set_tags({"pruned": "true", "pruned_step": str(self.step)})
         logger.close("KILLED" if pruned else "FINISHED")
-        tmp = summary_path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(summary, fh, indent=2)
-        os.replace(tmp, summary_path)
+        rundir.atomic_write_text(rundir.path(self.run_dir, rundir.SUMMARY_FILE), json.dumps(summary, indent=2))
         return summary

@@ -112,8 +112,8 @@ def launch(sweep: Sweep, *, retry_failed: bool = False, wait: bool | None = None
     """Submit what is missing and (local, or slurm with `wait`) wait for it.
 
     Done cells are skipped; running/pending ones are left alone (and waited for); failed ones
-    are re-submitted only with `retry_failed`; missing, interrupted and cancelled ones are
-    submitted (resuming from their checkpoints). Returns 0 when every cell is done, 1 if any
+    are re-submitted only with `retry_failed`; missing, interrupted, cancelled and incomplete
+    (run dir deleted or damaged) ones are submitted (resuming from their checkpoints). Returns 0 when every cell is done, 1 if any
     failed, 3 if the sweep was submitted and not waited for, 130 on interrupt.
 
     One driver per sweep: the state dir's lock (suite.tracking.lock) is held throughout, so a
@@ -143,7 +143,7 @@ def _launch(sweep: Sweep, *, retry_failed: bool, wait: bool | None, stream) -> i
     folder = Path(sweep.state_dir) / SUBMITIT_DIR
     states = cell_states(sweep)
     by_state = {k: [s for s in states if s.state == k] for k in STATES}
-    todo = by_state["missing"] + by_state["interrupted"] + by_state["cancelled"]
+    todo = by_state["missing"] + by_state["interrupted"] + by_state["cancelled"] + by_state["incomplete"]
     if retry_failed:
         todo += by_state["failed"]
     todo.sort(key=lambda s: s.cell.index)

@@ -8,8 +8,11 @@ State directory (`Sweep.state_dir` = `<out_dir>/_sweeps/<name>/`):
     jobs.jsonl          one line per submission or cancellation: cell, run id, job id
     submitit/           submitit's pickles and logs (`<job>_0_log.out/.err`)
 
-A cell's state is derived from its run directory first (summary.json = done) and then from
-its latest job (submitit's result pickle, `sacct` for SLURM, the controller PID locally).
+A cell's state is derived from its run directory first (a readable summary.json = done) and then
+from its latest job (submitit's result pickle, `sacct` for SLURM, the controller PID locally). The
+run directory is the result, not the launcher's record of it: a cell whose job succeeded but
+whose run directory is gone or has no readable summary.json is *incomplete*, and a re-run of the
+sweep submits it again (it resumes from whatever checkpoints are left).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ JOBS_FILE = "jobs.jsonl"
 PARENT_FILE = "parent_run.json"
 SUBMITIT_DIR = "submitit"
 
-STATES = ("done", "running", "pending", "failed", "cancelled", "interrupted", "missing")
+STATES = ("done", "running", "pending", "failed", "cancelled", "interrupted", "incomplete", "missing")
 
 
 # --------------------------------------------------------------------------- state dir
@@ -108,7 +111,7 @@ def _result(folder: Path, job_id: str) -> tuple[str, object] | None:
 def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
     """The state of every cell (see module docstring). `live_jobs` maps cell index -> the
     submitit job object of a local job started by this process (to reap it)."""
-    from suite.tracking.rundir import ERROR_FILE, error_line
+    from suite.tracking.rundir import ERROR_FILE, error_line, summary_state
 
     recs = latest_records(sweep)
     folder = Path(sweep.state_dir) / SUBMITIT_DIR
@@ -120,8 +123,13 @@ def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
         rec = recs.get(c.index)
         if rec is not None:
             st.job_id = str(rec["job_id"])
-        if is_finished(c.run_dir):
+        summary = summary_state(c.run_dir)
+        if summary == "done":
             st.state = "done"
+            out.append(st)
+            continue
+        if summary == "damaged":
+            st.state, st.error = "incomplete", f"{c.run_dir}/summary.json is damaged; a re-run resumes the cell"
             out.append(st)
             continue
         if rec is None:
@@ -135,16 +143,18 @@ def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
         res = _result(folder, st.job_id)
         if res is not None and res[0] == "error":
             st.state, st.error = "failed", error_line(str(res[1]))
-        elif res is not None:
-            st.state = "done"  # summary.json appears with the result
+        elif res is not None:  # the job succeeded, so summary.json was written: it is gone since
+            st.state, st.error = "incomplete", _lost(c.run_dir)
         elif rec.get("launcher") == "local":
             job = (live_jobs or {}).get(c.index)
             alive = job.state == "RUNNING" if job is not None else pid_alive(int(st.job_id), folder)
             if alive:
                 st.state = "running"
             elif (res := _result(folder, st.job_id)) is not None:  # it ended between the two checks
-                st.state = "failed" if res[0] == "error" else "done"
-                st.error = error_line(str(res[1])) if res[0] == "error" else ""
+                if res[0] == "error":
+                    st.state, st.error = "failed", error_line(str(res[1]))
+                else:
+                    st.state, st.error = ("done", "") if is_finished(c.run_dir) else ("incomplete", _lost(c.run_dir))
             else:
                 st.state = "interrupted"  # killed without a result (the sweep or machine died)
                 err = _read_error(os.path.join(c.run_dir, ERROR_FILE))
@@ -158,6 +168,8 @@ def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
                 st.state = "pending"
             elif s == "CANCELLED":
                 st.state = "cancelled"
+            elif s == "COMPLETED" and not os.path.exists(os.path.join(c.run_dir, ERROR_FILE)):
+                st.state, st.error = "incomplete", _lost(c.run_dir)
             elif s in SLURM_FAILED:
                 st.state = "failed"
                 st.error = _read_error(os.path.join(c.run_dir, ERROR_FILE)) or f"SLURM job {st.job_id} ended {s}"
@@ -165,6 +177,11 @@ def cell_states(sweep: Sweep, live_jobs: dict | None = None) -> list[CellState]:
                 st.state = "pending"
         out.append(st)
     return out
+
+
+def _lost(run_dir: str) -> str:
+    what = "is gone" if not os.path.isdir(run_dir) else "has no summary.json"
+    return f"its job ended but the run dir {what}; a re-run submits it again"
 
 
 def _read_error(path: str) -> str:

@@ -50,17 +50,49 @@ def path(run_dir: str | os.PathLike, name: str) -> str:
 
 
 def read_summary(run_dir: str | os.PathLike) -> dict | None:
-    """The finished run's summary.json, or None while it is not finished."""
+    """The finished run's summary.json, or None while it is not finished (or it is damaged:
+    `summary_state` tells the two apart)."""
     try:
-        with open(path(run_dir, SUMMARY_FILE)) as fh:
-            return json.load(fh)
-    except FileNotFoundError:
+        with open(path(run_dir, SUMMARY_FILE), encoding="utf-8") as fh:
+            summary = json.load(fh)
+    except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
         return None
+    return summary if isinstance(summary, dict) else None
+
+
+def summary_state(run_dir: str | os.PathLike) -> str:
+    """"done" (summary.json is a JSON object), "damaged" (it exists but is not: truncated,
+    overwritten, unreadable) or "absent". Reads only."""
+    p = path(run_dir, SUMMARY_FILE)
+    if not os.path.exists(p):
+        return "absent"
+    try:
+        return "done" if read_summary(run_dir) is not None else "damaged"
+    except OSError:
+        return "damaged"
 
 
 def is_finished(run_dir: str | os.PathLike) -> bool:
-    """A run is finished once its summary.json exists (both backends write it last)."""
-    return os.path.exists(path(run_dir, SUMMARY_FILE))
+    """A run is finished once its summary.json exists and reads as a JSON object (both backends
+    write it last, atomically; a damaged one means the result is not there)."""
+    return summary_state(run_dir) == "done"
+
+
+def finished_summary(run_dir: str | os.PathLike) -> dict | None:
+    """For a backend starting on `run_dir`: its summary when the run is finished; None when it is
+    not, after moving a damaged summary.json aside (summary.json.damaged), so the run resumes
+    from its last checkpoint and writes a new one."""
+    state = summary_state(run_dir)
+    if state == "done":
+        return read_summary(run_dir)
+    if state == "damaged":
+        p = path(run_dir, SUMMARY_FILE)
+        os.replace(p, p + ".damaged")
+        import logging
+
+        logging.getLogger(__name__).warning("%s is damaged (moved aside to %s.damaged); the run resumes from its "
+                                            "last checkpoint", p, SUMMARY_FILE)
+    return None
 
 
 def recorded_mlflow_run_id(run_dir: str | os.PathLike) -> str | None:

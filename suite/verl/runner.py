@@ -30,7 +30,8 @@ from typing import Callable, Mapping
 from omegaconf import DictConfig
 
 from suite.tracking.lock import run_lock
-from suite.tracking.rundir import RUN_FILE, SUMMARY_FILE
+from suite.tracking.rundir import RUN_FILE, SUMMARY_FILE, finished_summary
+from suite.tracking.rundir import read_summary as read_run_summary
 from suite.tracking.rundir import VERL_LOG_FILE as LOG_FILE
 from suite.tracking.values import held_out_keys
 from suite.verl.translate import loss_env, uaq_model_dir, verl_command
@@ -252,9 +253,8 @@ def run(cfg: DictConfig, run_dir: str, *, env: Mapping[str, str] | None = None,
             del env["CUDA_VISIBLE_DEVICES"]
     os.makedirs(run_dir, exist_ok=True)
     summary_path = os.path.join(run_dir, SUMMARY_FILE)
-    if os.path.isfile(summary_path):
-        with open(summary_path) as fh:
-            return {**json.load(fh), "already_finished": True}
+    if (done := read_run_summary(run_dir)) is not None:  # a damaged one is moved aside by the head, under the lock
+        return {**done, "already_finished": True}
     nnodes = int(cfg.backend.nnodes)
     if nnodes > 1:
         alloc = slurm_allocation(env, hostnames)
@@ -286,10 +286,8 @@ def run(cfg: DictConfig, run_dir: str, *, env: Mapping[str, str] | None = None,
 
 def _run_head(cfg: DictConfig, run_dir: str, alloc: Allocation, env: Mapping[str, str],
               execute: Callable[[list[str], str, Mapping[str, str]], int], script: str, log_path: str) -> dict:
-    summary_path = os.path.join(run_dir, SUMMARY_FILE)
-    if os.path.isfile(summary_path):  # a holder finished it between run()'s check and the lock
-        with open(summary_path) as fh:
-            return {**json.load(fh), "already_finished": True}
+    if (done := finished_summary(run_dir)) is not None:  # a holder finished it between run()'s check and the lock
+        return {**done, "already_finished": True}
     nnodes = int(cfg.backend.nnodes)
     _write_config(cfg, run_dir)
     _prepare_model(cfg, run_dir)
@@ -307,7 +305,7 @@ def _run_head(cfg: DictConfig, run_dir: str, alloc: Allocation, env: Mapping[str
     if rc != 0:
         raise RuntimeError(f"verl exited with status {rc}; see {log_path}")
     summary = read_summary(str(cfg.tracking.tracking_uri), rid)
-    _write(summary_path, json.dumps(summary, indent=2) + "\n")
+    _write(os.path.join(run_dir, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
     if cfg.backend.get("eval_after_train", False):
         evaluate_after_training(run_dir)
     return {**summary, "already_finished": False}
