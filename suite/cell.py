@@ -162,6 +162,10 @@ def run_cell(cfg: DictConfig, run_dir: str, *, on_eval: OnEval | None = None, pr
         tb = traceback.format_exc()
         if sweep_cell:
             write_error(run_dir, tb)
+        from suite.tracking.fscheck import env_fault
+
+        if env_fault(exc) is not None and rundir.recorded_mlflow_run_id(run_dir) is None:
+            raise  # a disk fault before the backend made its MLflow run: no run to end, and none made to fail
         try:
             mark_failed(cfg, run_dir, error_line(tb))
         except Exception as mexc:  # noqa: BLE001 - e.g. the server is down: never hide the run's own error

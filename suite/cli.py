@@ -62,6 +62,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _warm_start_only(cfg, progress=not args.no_progress and sys.stderr.isatty())
     rid = run_id(cfg)
     run_dir = os.path.join(cfg.out_dir, rid)
+    if (problem := write_problem(cfg, run_dir)) is not None:  # before the run dir or an MLflow run exists
+        print(f"suite run: {problem}", file=sys.stderr)
+        return 2
     print(f"suite run {rid}\n  run dir: {run_dir}\n  tracking: {cfg.tracking.tracking_uri} "
           f"(experiment {cfg.tracking.experiment!r})", flush=True)
     start = time.perf_counter()
@@ -82,6 +85,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunLockedError as exc:  # the holder's MLflow run is its own: leave it alone
         print(f"suite: run dir busy: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        from suite.tracking.fscheck import env_fault, fault_line
+
+        fault = env_fault(exc)
+        if fault is None:
+            raise
+        print(f"suite run: stopped: {fault_line(fault, run_dir)}. Nothing written before the fault is lost: once it "
+              f"is fixed, the same command resumes from the last complete checkpoint ({_last_checkpoint(run_dir)}).",
+              file=sys.stderr)
+        return 2
     if summary.already_finished:
         print(f"already finished: {run_dir} (delete it to run again)")
     wall = time.perf_counter() - start
@@ -95,6 +108,34 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 CFG_PARTS = ("job", "hydra", "all")
+
+
+def write_problem(cfg, run_dir: str) -> str | None:
+    """Why a run could not write its run dir, its sqlite MLflow store or its warm-start cache
+    (suite.tracking.fscheck), or None. Checked before anything is created."""
+    from suite.tracking.fscheck import writable_problem
+    from suite.tracking.loggers import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(cfg.tracking.tracking_uri)
+    checks = [(run_dir, "out_dir: the run dir")]
+    if uri.startswith("sqlite:///"):
+        db = uri[len("sqlite:///"):]
+        checks.append((os.path.dirname(db) or ".", f"tracking.tracking_uri={uri}: the store's directory"))
+        if os.path.exists(db) and not os.access(db, os.W_OK):
+            return f"tracking.tracking_uri={uri}: {db} is not writable"
+    if cfg.backend.name == "embedded":
+        checks.append((os.path.expanduser(str(cfg.warm_start.cache_dir)), "warm_start.cache_dir"))
+    for path, what in checks:
+        if (problem := writable_problem(path, what)) is not None:
+            return problem
+    return None
+
+
+def _last_checkpoint(run_dir: str) -> str:
+    from suite.tracking.rundir import list_checkpoints
+
+    found = list_checkpoints(run_dir)
+    return f"step {found[-1][0]}" if found else "none yet: it starts again"
 
 
 def _warm_start_only(cfg, *, progress: bool) -> int:

@@ -122,14 +122,17 @@ def end_runs(tracking_uri: str, run_ids: list[str], status: str, out=None) -> in
     """End every MLflow run of `run_ids` that still says RUNNING with `status`; returns how many."""
     from mlflow.tracking import MlflowClient
 
+    from suite.tracking.outage import bounded_http
+
     out = out or _stderr
     client = MlflowClient(tracking_uri=tracking_uri)
     n = 0
     for rid in run_ids:
         try:
-            if client.get_run(rid).info.status == "RUNNING":
-                client.set_terminated(rid, status=status)
-                n += 1
+            with bounded_http():
+                if client.get_run(rid).info.status == "RUNNING":
+                    client.set_terminated(rid, status=status)
+                    n += 1
         except Exception as exc:  # noqa: BLE001 - a tracking outage must not hide the driver's own error
             out(f"could not mark MLflow run {rid} {status}: {exc}")
     return n

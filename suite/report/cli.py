@@ -34,7 +34,9 @@ def register(subparsers) -> None:
     p.add_argument("--parent", default=None, metavar="RUN_ID", help="only the child runs of this MLflow run")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: the sweep's, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
-    p.add_argument("--out", default=None, help="output directory (default: reports/<sweep or experiment name>)")
+    p.add_argument("--out", default=None, help="output directory (default: reports/<sweep or experiment name>); an "
+                                              "earlier report there is replaced, anything else is refused")
+    p.add_argument("--force", action="store_true", help="write into an --out that holds something else than a report")
     p.add_argument("--paper", default=None, metavar="DIR",
                    help="directory of the published values paper_*.csv (default: analysis/ of the suite source)")
     p.add_argument("--bench", action="append", default=[], metavar="FILE",
@@ -63,6 +65,7 @@ def _sweep_source(args) -> dict:
         print(f"suite report: bad sweep file: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     uri = resolve_tracking_uri(args.tracking_uri or sweep.tracking_uri)
+    _store_or_exit(uri)
     parent = args.parent
     if parent is None:
         from suite.sweep.parent import parent_run
@@ -90,6 +93,36 @@ def _sweep_source(args) -> dict:
                  "params": config_params(c.cfg), **c.config_axes} for c in sweep.cells]
     return {"tracking_uri": uri, "experiment": args.experiment or sweep.experiment, "parent": parent,
             "name": sweep.name, "expected": expected}
+
+
+def _store_or_exit(uri: str) -> None:
+    """Exit 2 naming the store when it is not there: a sqlite file that does not exist (opening it
+    would create an empty store: a typo would report "no runs" and leave a file behind), or a
+    server that does not answer within ~10 s."""
+    from suite.tracking.outage import StoreUnreachable, check_store
+
+    if uri.startswith("sqlite:///") and not os.path.isfile(uri[len("sqlite:///"):]):
+        print(f"suite report: no MLflow store at {uri} (file {uri[len('sqlite:///'):]} does not exist)",
+              file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        check_store(uri, verb="suite report")
+    except StoreUnreachable as exc:
+        print(f"suite report: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _out_problem(out: str, force: bool) -> str | None:
+    """Why `suite report` may not write to `out` (None: it may). An earlier report there (its
+    data/source.json) is regenerated in place; anything else is kept unless --force."""
+    from suite.tracking.fscheck import writable_problem
+
+    if os.path.exists(out) and not os.path.isdir(out):
+        return f"--out {out}: exists and is not a directory; choose a directory"
+    if os.path.isdir(out) and os.listdir(out) and not force \
+            and not os.path.isfile(os.path.join(out, "data", "source.json")):
+        return f"--out {out}: holds files that are not a `suite report`; choose a new directory or pass --force"
+    return writable_problem(out, "--out")
 
 
 def _store_error(e: Exception) -> bool:
@@ -122,6 +155,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"suite report: {e}", file=sys.stderr)
         return 2
     expected, name = None, None
+    if args.out and (problem := _out_problem(args.out, args.force)) is not None:  # before the store is asked
+        print(f"suite report: {problem}", file=sys.stderr)
+        return 2
     if args.sweep_file:
         src = _sweep_source(args)
         uri, experiment, parent, name, expected = (src["tracking_uri"], src["experiment"], src["parent"], src["name"],
@@ -132,15 +168,20 @@ def cmd_report(args: argparse.Namespace) -> int:
             flt = f"{flt} and {sweep_flt}" if flt else sweep_flt
     else:
         uri = resolve_tracking_uri(args.tracking_uri)
+        _store_or_exit(uri)
         experiment, parent, flt = args.experiment, args.parent, args.runs
         name = experiment or (f"parent-{parent[:8]}" if parent else "runs")
     out = args.out or os.path.join("reports", name)
-
-    if uri.startswith("sqlite:///") and not os.path.isfile(uri[len("sqlite:///"):]):
-        # opening a sqlite URI creates an empty store: a typo would report "no runs" and leave a file behind
-        print(f"suite report: no MLflow store at {uri} (file {uri[len('sqlite:///'):]} does not exist)",
-              file=sys.stderr)
+    if (problem := _out_problem(out, args.force)) is not None:
+        print(f"suite report: {problem}", file=sys.stderr)
         return 2
+    from suite.tracking.outage import bounded_http
+
+    with bounded_http():
+        return _report(args, uri, experiment, parent, flt, name, expected, out, bench, start)
+
+
+def _report(args, uri, experiment, parent, flt, name, expected, out, bench, start) -> int:
     from suite.report import data as D
     from suite.report.build import write_report
     from suite.report.tables import CI_SEED, N_RESAMPLES

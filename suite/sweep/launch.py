@@ -21,7 +21,7 @@ from pathlib import Path
 from suite.identity import run_name
 from suite.launch.executors import make_executor
 from suite.launch.guard import Driver, job_target, pid_target
-from suite.sweep.parent import log_parent_artifacts, parent_run, set_parent_status
+from suite.sweep.parent import log_parent_artifacts, parent_run, record_parent_status
 from suite.sweep.spec import Cell, Sweep, SweepError
 from suite.launch.slurm import SLURM_RUNNING, pid_alive, sacct
 from suite.sweep.states import (
@@ -113,14 +113,21 @@ def launch(sweep: Sweep, *, retry_failed: bool = False, wait: bool | None = None
 
     Done cells are skipped; running/pending ones are left alone (and waited for); failed ones
     are re-submitted only with `retry_failed`; missing, interrupted, cancelled and incomplete
-    (run dir deleted or damaged) ones are submitted (resuming from their checkpoints). Returns 0 when every cell is done, 1 if any
-    failed, 3 if the sweep was submitted and not waited for, 130 on interrupt.
+    (run dir deleted or damaged) ones are submitted (resuming from their checkpoints). Returns 0
+    when every cell is done, 1 if any failed, 3 if the sweep was submitted and not waited for,
+    130 on interrupt.
 
     One driver per sweep: the state dir's lock (suite.tracking.lock) is held throughout, so a
     second `suite sweep` of the same file raises `SweepError` naming the first instead of
     submitting every cell again."""
     from suite.tracking.lock import RunLockedError, run_lock
+    from suite.tracking.loggers import resolve_tracking_uri
+    from suite.tracking.outage import StoreUnreachable, check_store
 
+    try:  # before anything is created: a sweep that cannot record its parent run does not start
+        check_store(resolve_tracking_uri(sweep.tracking_uri), verb="suite sweep")
+    except StoreUnreachable as exc:
+        raise SweepError(str(exc)) from None
     try:
         with run_lock(sweep.state_dir):
             return _launch(sweep, retry_failed=retry_failed, wait=wait, stream=stream)
@@ -161,13 +168,22 @@ def _launch(sweep: Sweep, *, retry_failed: bool, wait: bool | None, stream) -> i
         if by_state["failed"]:
             return 1
         if parent is not None and len(by_state["done"]) == n:
-            set_parent_status(sweep, "FINISHED")
+            record_parent_status(sweep, "FINISHED", stream)
         print(f"nothing to submit: {len(by_state['done'])}/{n} done", file=stream, flush=True)
         return 0
     from suite.tracking.loggers import resolve_tracking_uri
 
-    parent = parent_run(sweep)
-    log_parent_artifacts(sweep, parent)
+    try:
+        parent = parent_run(sweep)
+    except Exception as exc:  # noqa: BLE001 - checked up a moment ago: it went down since
+        raise SweepError(f"the MLflow store at {resolve_tracking_uri(sweep.tracking_uri)} did not create the sweep's "
+                         f"parent run ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}); nothing "
+                         "was submitted") from None
+    try:
+        log_parent_artifacts(sweep, parent)
+    except Exception as exc:  # noqa: BLE001 - the sweep file is in the state dir too; the next launch logs it
+        print(f"suite: could not log the sweep file to the parent run ({type(exc).__name__}); continuing",
+              file=stream, flush=True)
     live: dict[int, object] = {}
     with Driver(resolve_tracking_uri(sweep.tracking_uri), parent,
                 lambda: sweep_targets(sweep, live, drv.last_poll), on_stopped=lambda t: record_cancelled(sweep, t),
@@ -178,7 +194,7 @@ def _launch(sweep: Sweep, *, retry_failed: bool, wait: bool | None, stream) -> i
 def _drive(sweep: Sweep, folder: Path, todo: list[CellState], live: dict, parent: str, wait: bool, drv,
            stream) -> int:
     local = sweep.launcher.name == "local"
-    set_parent_status(sweep, "RUNNING")
+    record_parent_status(sweep, "RUNNING", stream)
     executor = make_executor(sweep.launcher, folder, sweep.resources, job_name=sweep.name, sweep_path=sweep.path)
     if not local:
         if todo:
@@ -254,7 +270,7 @@ def _wait_loop(sweep: Sweep, executor, queue: list[Cell], reported: set[int], li
     print(f"\nsweep {sweep.name} in {(time.time() - start) / 60:.1f} min:", file=stream)
     print_states(states, stream)
     failed = [s for s in states if s.state != "done"]
-    set_parent_status(sweep, "FAILED" if failed else "FINISHED")
+    record_parent_status(sweep, "FAILED" if failed else "FINISHED", stream)
     from suite.tracking.experiments import ui_hint
     from suite.tracking.loggers import resolve_tracking_uri
 
@@ -303,16 +319,19 @@ def cancel(sweep: Sweep, stream=None) -> int:
         time.sleep(1.0)
     from mlflow.tracking import MlflowClient
 
+    from suite.tracking.outage import bounded_http
+
     client = MlflowClient(tracking_uri=resolve_tracking_uri(sweep.tracking_uri))
     for s in targets:
         rf = Path(s.cell.run_dir) / RUN_FILE
         if rf.exists():
             try:
-                client.set_terminated(json.loads(rf.read_text())["run_id"], status="KILLED")
+                with bounded_http():
+                    client.set_terminated(json.loads(rf.read_text())["run_id"], status="KILLED")
             except Exception as exc:  # noqa: BLE001
                 print(f"could not mark cell {s.cell.index}'s MLflow run KILLED: {exc}", file=stream)
         print(f"cancelled cell {s.cell.index} (job {s.job_id}, was {s.state})", file=stream)
-    set_parent_status(sweep, "KILLED")
+    record_parent_status(sweep, "KILLED", stream)
     return len(targets)
 
 

@@ -1,5 +1,11 @@
 """The sweep's MLflow parent run: found in (or recorded to) the state dir's parent_run.json,
-its artifacts (the sweep file and matrix) and params, and its status."""
+its artifacts (the sweep file and matrix) and params, and its status.
+
+Every call here is bounded (suite.tracking.outage.VERB_HTTP_ENV: a dead server is an error
+within ~10 s). `suite sweep` checks the store before it creates anything and refuses at once,
+naming the URI, when it does not answer; an outage that starts mid-sweep does not stop it: the
+cells train through it (their metrics wait in their run dirs, `suite sync`), and a status the
+parent could not take is recorded by the next `suite sweep FILE` (`record_parent_status`)."""
 
 from __future__ import annotations
 
@@ -7,9 +13,12 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import sys
+
 from suite.sweep.spec import Sweep
 from suite.launch.state_files import read_parent
 from suite.sweep.states import PARENT_FILE
+from suite.tracking.outage import bounded_http
 
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")  # the parent run's ends that set_parent_status records
 
@@ -19,6 +28,11 @@ END_STATUSES = ("FINISHED", "FAILED", "KILLED")  # the parent run's ends that se
 def parent_run(sweep: Sweep, *, create: bool = True) -> Optional[str]:
     """The sweep's MLflow parent run id: the one recorded in the state dir (same store),
     else a new run (name = sweep name, tag suite.kind=sweep) when `create`."""
+    with bounded_http():
+        return _parent_run(sweep, create)
+
+
+def _parent_run(sweep: Sweep, create: bool) -> Optional[str]:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -33,8 +47,10 @@ def parent_run(sweep: Sweep, *, create: bool = True) -> Optional[str]:
             try:
                 client.get_run(info["run_id"])
                 return info["run_id"]
-            except MlflowException:
-                pass  # deleted: make a new one
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise  # an outage is not a deleted run: never make a second parent
+                # deleted: make a new one
     if not create:
         return None
     from suite.tracking.experiments import create_run
@@ -48,6 +64,11 @@ def parent_run(sweep: Sweep, *, create: bool = True) -> Optional[str]:
 
 
 def log_parent_artifacts(sweep: Sweep, run_id: str) -> None:
+    with bounded_http():
+        _log_parent_artifacts(sweep, run_id)
+
+
+def _log_parent_artifacts(sweep: Sweep, run_id: str) -> None:
     from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
@@ -67,15 +88,36 @@ def log_parent_artifacts(sweep: Sweep, run_id: str) -> None:
         client.set_tag(run_id, "cli_overrides", " ".join(sweep.cli_overrides)[:5000])
 
 
+def record_parent_status(sweep: Sweep, status: str, stream=None) -> bool:
+    """`set_parent_status` during a sweep: an MLflow outage is reported in one line, not raised
+    (the cells' results are in their run dirs; the next `suite sweep FILE` records the status)."""
+    from suite.tracking.loggers import resolve_tracking_uri
+
+    try:
+        set_parent_status(sweep, status)
+        return True
+    except Exception as exc:  # noqa: BLE001 - an outage: the sweep's own outcome stands
+        first = (str(exc).splitlines() or [""])[0][:200]
+        print(f"suite: MLflow at {resolve_tracking_uri(sweep.tracking_uri)} did not take the parent run's status "
+              f"{status} ({type(exc).__name__}: {first}); `suite sweep {sweep.path}` records it once the server "
+              "answers", file=stream or sys.stderr, flush=True)
+        return False
+
+
 def set_parent_status(sweep: Sweep, status: str) -> None:
     """RUNNING, FINISHED, FAILED or KILLED (no-op without a parent). An end status is written
     once: a parent that already ended with `status` keeps its end time (re-running a finished
     sweep submits nothing and changes nothing), so its duration in the MLflow UI is the sweep's."""
+    with bounded_http():
+        _set_parent_status(sweep, status)
+
+
+def _set_parent_status(sweep: Sweep, status: str) -> None:
     from mlflow.tracking import MlflowClient
 
     from suite.tracking.loggers import resolve_tracking_uri
 
-    rid = parent_run(sweep, create=False)
+    rid = _parent_run(sweep, create=False)
     if rid is None:
         return
     client = MlflowClient(tracking_uri=resolve_tracking_uri(sweep.tracking_uri))
@@ -117,7 +159,8 @@ def parent_status(sweep: Sweep) -> Optional[str]:
         return info["status"]
     from mlflow.tracking import MlflowClient
 
-    rid = parent_run(sweep, create=False)
-    if rid is None:
-        return None
-    return MlflowClient(tracking_uri=resolve_tracking_uri(sweep.tracking_uri)).get_run(rid).info.status
+    with bounded_http():
+        rid = _parent_run(sweep, create=False)
+        if rid is None:
+            return None
+        return MlflowClient(tracking_uri=resolve_tracking_uri(sweep.tracking_uri)).get_run(rid).info.status

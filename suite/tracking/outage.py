@@ -35,7 +35,44 @@ SYNC_HTTP_ENV = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
 }
 
+# A verb's own calls (`suite sweep`'s parent run, `suite status`, `suite report`, `suite tune`,
+# `suite eval`): two tries, 1 s apart (plus MLflow's jitter), 4 s each, so a dead server is
+# named within ~10 s instead of after minutes. A live server answers these in milliseconds.
+VERB_HTTP_ENV = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "4",
+}
 
+
+class StoreUnreachable(RuntimeError):
+    """The tracking store did not answer a verb's first call; the message names its URI."""
+
+
+def check_store(uri: str, *, verb: str) -> None:
+    """Raise StoreUnreachable, naming `uri`, when an HTTP tracking server does not answer one
+    small request within VERB_HTTP_ENV's bounds (~10 s). Local stores (sqlite, file) are
+    checked by the verbs themselves (a missing file is a typo, not an outage)."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    from mlflow.tracking import MlflowClient
+
+    try:
+        with http_env(VERB_HTTP_ENV):
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception as e:  # noqa: BLE001 - any failure of the first call: the store is not usable
+        first = (str(e).splitlines() or [""])[0][:200]
+        what = "refused the request" if is_rejection(e) else "does not answer"
+        raise StoreUnreachable(f"the MLflow tracking server at {uri} {what} ({type(e).__name__}: {first}); "
+                               f"{verb} needs it: start it, or point --tracking-uri / MLFLOW_TRACKING_URI at "
+                               "a store that answers") from None
+
+
+@contextlib.contextmanager
+def bounded_http() -> Iterator[None]:
+    """A verb's MLflow calls under VERB_HTTP_ENV (those the user has not set)."""
+    with http_env(VERB_HTTP_ENV):
+        yield
 
 
 @contextlib.contextmanager
