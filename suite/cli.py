@@ -71,6 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from suite.cell import run_cell
     from suite.hardware import HardwareError
     from suite.tracking.experiments import ui_hint
+    from suite.tracking.checkpoint import NoReadableCheckpoint
     from suite.tracking.lock import RunLockedError
     from suite.tracking.loggers import CorruptMetricsError
 
@@ -79,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except HardwareError as exc:  # refused before anything was created: no run dir, no MLflow run
         print(f"suite: cannot run here: {exc}", file=sys.stderr)
         return 2
-    except CorruptMetricsError as exc:  # refused before the warm start; the MLflow run is untouched
+    except (CorruptMetricsError, NoReadableCheckpoint) as exc:  # refused before training: nothing rewritten
         print(f"suite: cannot resume: {exc}", file=sys.stderr)
         return 2
     except RunLockedError as exc:  # the holder's MLflow run is its own: leave it alone

@@ -76,12 +76,60 @@ def _parquet(examples, task_name: str, difficulty: int, split: str, path: Path) 
     pd.DataFrame(rows).to_parquet(path)
 
 
-def export(cfg, out: str | os.PathLike, *, progress: bool = True, run_dir: str | os.PathLike | None = None
-           ) -> dict[str, str]:
+def out_problem(out: str | os.PathLike) -> str | None:
+    """Why `--out` cannot be an export's new directory (None: it can)."""
+    from suite.tracking.fscheck import writable_problem
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        return f"--out {out}: exists and is not a directory"
+    if out.is_dir() and any(out.iterdir()):
+        return f"--out {out}: exists and is not empty; choose a new directory"
+    return writable_problem(out, "--out")
+
+
+def run_checkpoint(run_dir: str | os.PathLike, step: int | None = None) -> tuple[int, dict]:
+    """(step, state) of the run's newest checkpoint, or of `step`; reads only (a damaged newest
+    one is named, never moved aside or passed over: that is for the run's own resume). ValueError
+    naming the file and the steps there are."""
+    from suite.tracking.checkpoint import CheckpointError, list_checkpoints, read_checkpoint
+
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise ValueError(f"--run {run_dir}: holds no checkpoint (checkpoints/step_*.pt); a run writes one every "
+                         "ckpt_every steps and at its last step")
+    steps = ", ".join(str(k) for k, _ in found)
+    if step is None:
+        step, path = found[-1]
+    else:
+        match = [p for k, p in found if k == step]
+        if not match:
+            raise ValueError(f"--step {step}: {run_dir} has no checkpoint of that step; it has steps {steps}")
+        path = match[0]
+    try:
+        return step, read_checkpoint(path, step)
+    except CheckpointError as exc:
+        readable = None
+        for k, p in reversed([(k, p) for k, p in found if k < step]):
+            try:
+                read_checkpoint(p, k)
+            except CheckpointError:
+                continue
+            readable = k
+            break
+        hint = (f"export an older one with --step {readable} (steps there: {steps})" if readable is not None
+                else "no older checkpoint can be read")
+        raise ValueError(f"--run {run_dir}: checkpoint {path} (step {step}) cannot be read ({exc}); {hint}, or "
+                         "resume the run, which moves a damaged checkpoint aside") from None
+
+
+def export(cfg, out: str | os.PathLike, *, progress: bool = True, run_dir: str | os.PathLike | None = None,
+           step: int | None = None) -> dict[str, str]:
     """Write the warm start of ``cfg`` (a composed embedded config), or with ``run_dir`` the actor
-    of that run's newest checkpoint (``cfg`` then being the run's own), and its task's data to
-    ``out`` (absent or empty); returns the paths written. Raises ValueError, writing nothing, for a
-    used ``out``, a run dir without a checkpoint, or a head size vLLM's CPU build cannot serve."""
+    of that run's newest checkpoint (or of ``step``; ``cfg`` then being the run's own), and its
+    task's data to ``out`` (absent or empty); returns the paths written. Raises ValueError, writing
+    nothing, for a used ``out``, a run dir without a (readable) checkpoint, or a head size vLLM's
+    CPU build cannot serve."""
     import tempfile
 
     import torch
@@ -90,8 +138,8 @@ def export(cfg, out: str | os.PathLike, *, progress: bool = True, run_dir: str |
     from suite.embedded.trainer import EmbeddedRun
 
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"--out {out}: exists and is not empty")
+    if (problem := out_problem(out)) is not None:
+        raise ValueError(problem)
     with tempfile.TemporaryDirectory() as scratch:  # EmbeddedRun wants a run directory; nothing is run
         run = EmbeddedRun(cfg, scratch, progress=False)
     mc = run.model_cfg
@@ -102,13 +150,7 @@ def export(cfg, out: str | os.PathLike, *, progress: bool = True, run_dir: str |
                          "model preset has 64)")
     source: dict = {}
     if run_dir is not None:
-        from suite.tracking.checkpoint import load_latest_checkpoint
-
-        found = load_latest_checkpoint(run_dir)
-        if found is None:
-            raise ValueError(f"--run {run_dir}: holds no checkpoint (checkpoints/step_*.pt); a run writes one every "
-                             "ckpt_every steps and at its last step")
-        step, ckpt = found
+        step, ckpt = run_checkpoint(run_dir, step)
         state, source = ckpt["actor"], {"run_dir": str(run_dir), "step": step}
     else:
         state, info = run.load_warm_start(progress)
@@ -132,11 +174,24 @@ def run_config(run_dir: str | os.PathLike):
     """The config a run recorded (``RUN_DIR/config.yaml``); ValueError naming what is missing."""
     from omegaconf import OmegaConf
 
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
+
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ValueError(f"--run {run_dir}: no config.yaml there; a run directory is out_dir/<run id> "
                          "(`suite status` lists them)")
-    return OmegaConf.load(path)
+    try:
+        cfg = OmegaConf.load(path)
+        name = cfg.backend.name
+    except (OmegaConfBaseException, YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--run {run_dir}: config.yaml cannot be read as a run's config "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+    if name != "embedded":
+        raise ValueError(f"--run {run_dir}: a {name} run (its config.yaml says backend.name={name}); suite export "
+                         "writes an embedded run's model for verl, and a verl run's model is already verl's "
+                         "(backend.model_path, and its checkpoints in the run dir)")
+    return cfg
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -151,10 +206,18 @@ def cmd_export(args: argparse.Namespace) -> int:
             cfg = run_config(args.run)
         else:
             cfg = compose_or_exit(list(args.overrides))
-        if cfg.backend.name != "embedded":
-            print("suite export: exports the embedded backend's model; drop backend=...", file=sys.stderr)
+        if args.step is not None and args.run is None:
+            print("suite export: --step picks a checkpoint of --run RUN_DIR; without --run the warm start is "
+                  "exported", file=sys.stderr)
             return 2
-        paths = export(cfg, args.out, progress=sys.stderr.isatty(), run_dir=args.run)
+        if cfg.backend.name != "embedded":
+            print(f"suite export: backend={cfg.backend.name}: suite export writes the embedded backend's model; "
+                  f"drop backend={cfg.backend.name}", file=sys.stderr)
+            return 2
+        if (problem := out_problem(args.out)) is not None:  # before a warm start is trained for nothing
+            print(f"suite export: {problem}", file=sys.stderr)
+            return 2
+        paths = export(cfg, args.out, progress=sys.stderr.isatty(), run_dir=args.run, step=args.step)
     except ValueError as exc:
         print(f"suite export: {exc}", file=sys.stderr)
         return 2
@@ -171,5 +234,6 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("export", help="an embedded run's warm-started model and task data, for verl")
     p.add_argument("--out", required=True, help="new directory (absent or empty)")
     p.add_argument("--run", metavar="RUN_DIR", help="export this run's model at its newest checkpoint (no overrides)")
+    p.add_argument("--step", type=int, default=None, help="with --run: this checkpoint's step instead of the newest")
     p.add_argument("overrides", nargs="*", help="the run's Hydra overrides, as for `suite run` (task.difficulty=1)")
     p.set_defaults(func=cmd_export)

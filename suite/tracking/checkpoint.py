@@ -57,6 +57,29 @@ def _is_allowlist_error(e: Exception) -> bool:
     return "Unsupported global" in str(e) or "Unsupported class" in str(e)
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read as the step it names; the message says why."""
+
+
+class NoReadableCheckpoint(CheckpointError, RuntimeError):
+    """Checkpoints exist and none can be read: a resume would silently start again from step 0."""
+
+
+def read_checkpoint(path: str | os.PathLike, step: int, *, map_location: str | torch.device = "cpu",
+                    weights_only: bool = True) -> dict:
+    """The state saved in `path` as the checkpoint of `step`; reads only. CheckpointError for a
+    damaged file (truncated, corrupt, another step); a refused type (`_is_allowlist_error`) raises as is."""
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=weights_only)
+        if not (isinstance(payload, dict) and payload.get("step") == step and "state" in payload):
+            raise ValueError(f"not a suite checkpoint of step {step}")
+    except Exception as e:  # noqa: BLE001 - any failure to read means "damaged"
+        if _is_allowlist_error(e):
+            raise
+        raise CheckpointError(f"{type(e).__name__}: {str(e)[:200]}") from e
+    return payload["state"]
+
+
 def load_latest_checkpoint(
     run_dir: str | os.PathLike, *, map_location: str | torch.device = "cpu", weights_only: bool = True
 ) -> tuple[int, dict] | None:
@@ -64,7 +87,7 @@ def load_latest_checkpoint(
 
     An unreadable newer file (truncated, corrupt, or holding the wrong step) is renamed to
     `*.corrupt` with a warning and the previous checkpoint is used. If checkpoints exist
-    but none can be read, raises RuntimeError rather than silently restarting from step 0.
+    but none can be read, raises NoReadableCheckpoint rather than silently restarting from step 0.
     """
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
@@ -72,23 +95,19 @@ def load_latest_checkpoint(
     bad: list[tuple[Path, Exception]] = []
     for step, path in reversed(ckpts):
         try:
-            payload = torch.load(path, map_location=map_location, weights_only=weights_only)
-            if not (isinstance(payload, dict) and payload.get("step") == step and "state" in payload):
-                raise ValueError(f"not a suite checkpoint of step {step}")
-        except Exception as e:  # noqa: BLE001 - any failure to read means "damaged"
-            if _is_allowlist_error(e):
-                raise
-            log.warning("checkpoint %s is unreadable (%s: %s)", path, type(e).__name__, str(e)[:200])
+            state = read_checkpoint(path, step, map_location=map_location, weights_only=weights_only)
+        except CheckpointError as e:
+            log.warning("checkpoint %s is unreadable (%s)", path, e)
             bad.append((path, e))
             continue
         for p, _ in bad:
             corrupt = p.with_name(p.name + ".corrupt")
             os.replace(p, corrupt)
             log.warning("moved the unreadable %s aside to %s; resuming from step %d", p, corrupt.name, step)
-        return step, payload["state"]
-    raise RuntimeError(
-        f"none of the {len(ckpts)} checkpoints in {Path(run_dir) / CHECKPOINT_DIR} can be read; "
-        f"newest error: {bad[0][1]!r}"
+        return step, state
+    raise NoReadableCheckpoint(
+        f"none of the {len(ckpts)} checkpoints in {Path(run_dir) / CHECKPOINT_DIR} can be read (newest: {bad[0][1]}); "
+        "restore one, or delete the run dir to start again"
     )
 
 

@@ -22,9 +22,11 @@ def nearest_existing(path: str | os.PathLike) -> Path:
 
 
 def writable_problem(path: str | os.PathLike, what: str) -> str | None:
-    """Why `path` (a file or directory to create or write into) cannot be written, or None."""
+    """Why `path` (a file or directory to create, replace or write into) cannot be written, or None."""
     anc = nearest_existing(path)
-    if not anc.is_dir():
+    if anc == Path(os.path.abspath(path)) and anc.is_file():  # an existing file to replace: its directory decides
+        anc = anc.parent
+    elif not anc.is_dir():
         return f"{what} {path}: {anc} is a file, not a directory"
     try:
         name_max, path_max = os.pathconf(anc, "PC_NAME_MAX"), os.pathconf(anc, "PC_PATH_MAX")

@@ -307,13 +307,24 @@ def convert(name: str, src: str | os.PathLike, split: str | None = None) -> tupl
     return rows, dropped
 
 
-def prepare(name: str, src: str | os.PathLike, out_dir: str | os.PathLike, split: str | None = None) -> Path:
-    """Write OUT_DIR/NAME-SPLIT.parquet; on any error a DataError and nothing written."""
+def prepare(name: str, src: str | os.PathLike, out_dir: str | os.PathLike, split: str | None = None, *,
+            force: bool = False) -> Path:
+    """Write OUT_DIR/NAME-SPLIT.parquet; on any error a DataError and nothing written. An existing
+    output is replaced only with `force` (a dataset prepared once is what runs were trained on)."""
+    from suite.tracking.fscheck import writable_problem
+
     pa, pq = _pyarrow()
-    rows, dropped = convert(name, src, split)
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"{out_dir}: exists and is not a directory")
+        raise DataError(f"--out {out_dir}: exists and is not a directory")
+    source = SOURCES.get(name)
+    if source is not None and split in (None, "train", "test"):  # else convert names the bad value
+        path = out_dir / f"{name}-{split or source.split}.parquet"
+        if path.exists() and not force:
+            raise DataError(f"{path} exists (prepared before); pass --force to replace it, or choose another --out")
+        if (problem := writable_problem(path, "--out")) is not None:
+            raise DataError(problem)
+    rows, dropped = convert(name, src, split)
     split = rows[0]["extra_info"]["split"]
     path = out_dir / f"{name}-{split}.parquet"
     tmp = None
@@ -336,7 +347,7 @@ def prepare(name: str, src: str | os.PathLike, out_dir: str | os.PathLike, split
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     try:
-        prepare(args.name, args.src, args.out, args.split)
+        prepare(args.name, args.src, args.out, args.split, force=args.force)
     except DataError as exc:
         print(f"suite data prepare: {exc}", file=sys.stderr)
         return 2
@@ -364,4 +375,5 @@ def register(subparsers) -> None:
     defaults = ", ".join(f"{n} {s.split}" for n, s in SOURCES.items())
     pp.add_argument("--split", choices=("train", "test"), default=None,
                     help=f"recorded in extra_info and the file name; by default {defaults}")
+    pp.add_argument("--force", action="store_true", help="replace OUT/NAME-SPLIT.parquet if it exists")
     pp.set_defaults(func=cmd_prepare)

@@ -162,6 +162,52 @@ def test_export_of_a_run_writes_its_trained_actor_and_refuses_a_run_without_a_ch
                               capture_output=True, text=True, timeout=300, env=env)
         assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
         assert not (tmp_path / "o2").exists()
+    _damaged_checkpoints(tmp_path, run_dir)
+
+
+def _damaged_checkpoints(tmp_path, run_dir):
+    """Export reads a run and never changes it: a truncated newest checkpoint is named (not
+    passed over for an older one, not moved aside), `--step` picks an older one; a verl run, a
+    file as --out, a step that is not there: one line each, exit 2, nothing written."""
+    import contextlib
+    import io
+
+    from suite.cli import main
+
+    def export(*argv):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main(["export", *argv])
+        return code, err.getvalue()
+
+    ckpts = run_dir / "checkpoints"
+    newest = ckpts / "step_00000002.pt"
+    data = newest.read_bytes()
+    newest.write_bytes(data[: len(data) // 2])
+    listing = sorted(p.name for p in ckpts.iterdir())
+    code, err = export("--run", str(run_dir), "--out", str(tmp_path / "o3"))
+    assert code == 2 and f"checkpoint {newest} (step 2) cannot be read" in err and "--step 1" in err, err
+    assert sorted(p.name for p in ckpts.iterdir()) == listing and not (tmp_path / "o3").exists()
+    code, err = export("--run", str(run_dir), "--step", "1", "--out", str(tmp_path / "o3"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "o3" / "export.json").read_text())["step"] == 1
+    (ckpts / "step_00000001.pt").write_bytes(b"not a checkpoint")
+    code, err = export("--run", str(run_dir), "--out", str(tmp_path / "o4"))
+    assert code == 2 and "(step 2) cannot be read" in err and "no older checkpoint can be read" in err, err
+    code, err = export("--run", str(run_dir), "--step", "7", "--out", str(tmp_path / "o4"))
+    assert code == 2 and "--step 7" in err and "it has steps 1, 2" in err, err
+    (tmp_path / "afile").write_text("x")
+    newest.write_bytes(data)
+    code, err = export("--run", str(run_dir), "--out", str(tmp_path / "afile"))
+    assert code == 2 and "exists and is not a directory" in err, err
+    verl = tmp_path / "verl_run"
+    verl.mkdir()
+    (verl / "config.yaml").write_text("backend: {name: verl}\n")
+    code, err = export("--run", str(verl), "--out", str(tmp_path / "o4"))
+    assert code == 2 and "a verl run" in err and "drop backend" not in err, err
+    code, err = export("--step", "1", "--out", str(tmp_path / "o4"))
+    assert code == 2 and "--step" in err, err
+    assert not (tmp_path / "o4").exists() and sorted(p.name for p in ckpts.iterdir()) == listing
 
 
 def test_export_refuses_a_head_size_vllms_cpu_build_cannot_serve(tmp_path, monkeypatch):

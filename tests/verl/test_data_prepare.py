@@ -247,3 +247,20 @@ def test_missing_or_unreadable_files_are_named(tmp_path):
         convert("gsm8k", tmp_path / "data.csv")
     with pytest.raises(DataError, match="data.csv: exists and is not a directory"):
         prepare("gsm8k", _write(tmp_path / "g.jsonl", GSM8K), tmp_path / "data.csv")
+
+
+def test_an_existing_output_is_kept_unless_forced(tmp_path):
+    """Prepared data is what runs trained on: a second `prepare` to the same file is refused, the
+    file untouched, until --force replaces it."""
+    src = _write(tmp_path / "g.jsonl", GSM8K)
+    assert _cli("gsm8k", "--src", src, "--out", tmp_path / "out").returncode == 0
+    out = tmp_path / "out" / "gsm8k-train.parquet"
+    before = out.read_bytes()
+    one = _write(tmp_path / "one.jsonl", GSM8K[:1])
+    proc = _cli("gsm8k", "--src", one, "--out", tmp_path / "out")
+    assert proc.returncode == 2 and f"{out} exists" in proc.stderr and "--force" in proc.stderr, proc.stderr
+    assert out.read_bytes() == before and len(_read(out)) == 2
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gsm8k-train.parquet"]
+    proc = _cli("gsm8k", "--src", one, "--out", tmp_path / "out", "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert len(_read(out)) == 1
