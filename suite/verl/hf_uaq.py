@@ -64,11 +64,37 @@ def architecture_mapping(model_dir: Path) -> tuple[str, str]:
     return archs[0], ARCHITECTURES[archs[0]]
 
 
+INDEX = "model.safetensors.index.json"  # Hugging Face's map of a sharded checkpoint: tensor name -> shard
+
+
 def _shards(model_dir: Path) -> list[Path]:
+    """The checkpoint's shards; a sharded one must have every shard its index names (checked
+    before any tensor is read, so nothing is rescaled from part of a model)."""
     shards = sorted(model_dir.glob("*.safetensors"))
+    index = model_dir / INDEX
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise UAQError(f"{index}: has no weight_map (tensor name -> shard file)")
+        named = sorted(set(map(str, weight_map.values())))
+        missing = [n for n in named if not (model_dir / n).is_file()]
+        if missing:
+            raise UAQError(f"{model_dir}: {len(missing)} of the {len(named)} shards {INDEX} names are missing "
+                           f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); copy the whole checkpoint")
     if not shards:
         raise UAQError(f"{model_dir}: no *.safetensors shards (convert .bin checkpoints to safetensors first)")
     return shards
+
+
+def _check_index(model_dir: Path, tensors: dict) -> None:
+    """Every tensor the index names was in its shard (a shard rewritten short is refused too)."""
+    index = model_dir / INDEX
+    if not index.is_file():
+        return
+    absent = sorted(set(_read_json(index)["weight_map"]) - set(tensors))
+    if absent:
+        raise UAQError(f"{model_dir}: {len(absent)} tensors {INDEX} names are in no shard ({', '.join(absent[:3])}"
+                       f"{', ...' if len(absent) > 3 else ''}); copy the whole checkpoint")
 
 
 def _module_tree(tensors: dict[str, torch.Tensor]) -> nn.Module:
@@ -140,6 +166,7 @@ def transform(in_dir: str | os.PathLike, out_dir: str | os.PathLike, s: float, *
                     owner[key] = shard
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types (truncated, bad header)
             raise UAQError(f"{shard}: not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+    _check_index(in_dir, tensors)
     tree = _module_tree(tensors)
     pairs = (undo_uaq if undo else apply_uaq)(tree, s, mapping)  # validates before changing anything
     n_scaled = sum(1 + len(lins) for _, lins in pairs)

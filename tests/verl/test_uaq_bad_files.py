@@ -90,3 +90,29 @@ def test_undo_refuses_a_record_of_another_mapping_or_op(model_copy, tmp_path, ca
     code, err = _uaq(capsys, "undo", "--s", "1.5", str(model_copy), str(tmp_path / "out"))
     assert code == 2 and f"{marker}: op='undo'" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sharded_checkpoint_missing_a_shard_or_a_tensor_is_refused_before_anything_is_read(tmp_path, capsys):
+    """A copy cut short: the index names a shard that is not there (or a shard lost tensors). Refused
+    naming what is missing, before any tensor is rescaled; nothing written."""
+    from verl_tiny_hf import make_tiny_qwen2
+
+    model = make_tiny_qwen2(tmp_path / "model", seed=1, shard_size="20KB")
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) >= 3
+    gone = model / shards[1]
+    kept = gone.read_bytes()
+    gone.unlink()
+    code, err = _uaq(capsys, "apply", "--s", "1.5", str(model), str(tmp_path / "out"))
+    assert code == 2 and f"1 of the {len(shards)} shards model.safetensors.index.json names are missing" in err, err
+    assert shards[1] in err and not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
+    gone.write_bytes(kept)
+    from safetensors.torch import load_file, save_file
+
+    part = load_file(gone)
+    dropped = sorted(part)[0]
+    save_file({k: v for k, v in part.items() if k != dropped}, str(gone), metadata={"format": "pt"})
+    code, err = _uaq(capsys, "apply", "--s", "1.5", str(model), str(tmp_path / "out"))
+    assert code == 2 and "1 tensors model.safetensors.index.json names are in no shard" in err and dropped in err, err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
