@@ -164,6 +164,8 @@ _tune("tune file", [
     (_tune_file(pruner="{name: median, interval_steps: 0}"), ["pruner.interval_steps", ">= 1"]),
     (_tune_file(launcher="{name: pbs}"), ["launcher.name", "pbs", "local, slurm"]),
     (_tune_file(storage="not-a-url"), ["storage", "not-a-url"]),
+    (_tune_file(storage="nosuchdb:///optuna.db"), ["storage", "nosuchdb:///optuna.db", "SQLAlchemy"]),
+    (_tune_file(storage="postgresql+nosuchdriver://u@h/db"), ["storage", "postgresql+nosuchdriver"]),
     (_tune_file(study="''"), ["study"]),
     (_tune_file(bogus="1"), ["bogus"]),
     (_tune_file(base="[nosuch=1]"), ["nosuch"]),

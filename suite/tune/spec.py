@@ -168,12 +168,30 @@ def check_param(name: str, p: ParamSpec) -> None:
             _fail(f"{key}.step", f"step {p.step} is larger than the range {p.low}..{p.high}")
 
 
+def _check_storage_driver(url: str) -> None:
+    """The storage URL's database and driver exist here (SQLAlchemy's dialect registry, then the
+    driver module), so a typo'd scheme or a missing driver is refused before a study is made."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        dialect = make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        _fail("storage", f"{url!r} is not a database URL SQLAlchemy knows ({str(exc).splitlines()[0][:160]}); "
+                         "e.g. sqlite:///runs/tune/optuna.db or postgresql://user@host/db")
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        _fail("storage", f"{url!r}: the database driver is not installed here ({exc})")
+
+
 def check_spec(spec: TuneSpec) -> None:
     """Check everything that can be checked without the run config (see also :func:`check_against_config`)."""
     if not spec.study or "/" in spec.study or spec.study.strip() != spec.study:
         _fail("study", f"must be a non-empty name without '/' or surrounding spaces, got {spec.study!r}")
     if "://" not in spec.storage:
         _fail("storage", f"must be an SQLAlchemy URL such as sqlite:///runs/tune/optuna.db, got {spec.storage!r}")
+    _check_storage_driver(spec.storage)
     if not spec.space:
         _fail("space", "is empty: name at least one config key to search, "
                        "e.g. uaq.s: {type: float, low: 1.0, high: 2.0}")

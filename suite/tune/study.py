@@ -95,6 +95,24 @@ def resolve_storage(url: str) -> str:
     return url
 
 
+def _check_writable(storage_url: str, tracking_uri: str, sdir: Path) -> None:
+    from suite.tracking.fscheck import writable_problem
+    from suite.tracking.outage import StoreUnreachable, check_store
+
+    checks = [(sdir, "out_dir: the study's directory")]
+    if storage_url.startswith("sqlite:///"):
+        checks.append((storage_url[len("sqlite:///"):], f"storage {storage_url}"))
+    if tracking_uri.startswith("sqlite:///"):
+        checks.append((tracking_uri[len("sqlite:///"):], f"tracking.tracking_uri={tracking_uri}"))
+    for path, what in checks:
+        if (problem := writable_problem(path, what)) is not None:
+            raise TuneSpecError(problem)
+    try:
+        check_store(tracking_uri, verb="suite tune")
+    except StoreUnreachable as exc:
+        raise TuneSpecError(str(exc)) from None
+
+
 def study_dir(spec: TuneSpec) -> Path:
     return Path(spec.out_dir).expanduser().resolve() / spec.study
 
@@ -249,6 +267,7 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
     storage_url = resolve_storage(spec.storage)
     tracking_uri = resolve_tracking_uri(base.tracking.tracking_uri)
     sdir = study_dir(spec)
+    _check_writable(storage_url, tracking_uri, sdir)  # before the study, its directory or a parent run exist
     sdir.mkdir(parents=True, exist_ok=True)
     n_target = spec.n_trials
     if spec.sampler.name == "grid":

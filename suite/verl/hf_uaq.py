@@ -79,8 +79,9 @@ def _shards(model_dir: Path) -> list[Path]:
         named = sorted(set(map(str, weight_map.values())))
         missing = [n for n in named if not (model_dir / n).is_file()]
         if missing:
+            more = ", ..." if len(missing) > 3 else ""
             raise UAQError(f"{model_dir}: {len(missing)} of the {len(named)} shards {INDEX} names are missing "
-                           f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); copy the whole checkpoint")
+                           f"({', '.join(missing[:3])}{more}); copy the whole checkpoint")
     if not shards:
         raise UAQError(f"{model_dir}: no *.safetensors shards (convert .bin checkpoints to safetensors first)")
     return shards
