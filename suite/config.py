@@ -519,12 +519,26 @@ def finalize(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
+def _check_recipe_backend(parsed) -> None:
+    """A paper recipe sets the verl backend's keys (model, data, its hyper-parameters); on
+    another backend Hydra would answer with a key missing from that backend's section."""
+    chosen = {o.key_or_group: o.value() for o in parsed if o.key_or_group in ("recipe", "backend")
+              and not o.is_sweep_override()}
+    recipe, backend = chosen.get("recipe"), chosen.get("backend")
+    if recipe in recipes.RECIPES and recipes.RECIPES[recipe].groups.get("backend") not in (None, backend) \
+            and backend is not None:
+        raise ConfigError(f"recipe={recipe} runs on backend={recipes.RECIPES[recipe].groups['backend']} (it sets that "
+                          f"backend's model, data and hyper-parameters), not backend={backend}: drop backend={backend}, "
+                          "or use recipe=laptop for the embedded backend")
+
+
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose the run config from the structured defaults plus Hydra overrides, then validate.
 
     Hydra's own errors (unknown key, unknown group option) name the key and list the options.
     """
     parsed = parse_overrides(overrides)
+    _check_recipe_backend(parsed)
     GlobalHydra.instance().clear()
     # No config directory: every node comes from the ConfigStore registered above.
     with initialize(version_base="1.3", config_path=None, job_name="suite"):

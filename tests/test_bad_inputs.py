@@ -142,6 +142,8 @@ _add("verl backend", [
     ([*_VERL, "task.eval_rollout_copy=true"], "task.eval_rollout_copy"),
     ([*_VERL, "train.grad_probe_every=10"], "train.grad_probe_every"),
     ([*_VERL, "backend.param_dtype=fp16"], "backend.param_dtype"),
+    (["recipe=qurl-gsm8k", "backend=embedded"], "recipe=qurl-gsm8k runs on backend=verl"),
+    (["backend=embedded", "recipe=qarl-math"], "drop backend=embedded"),
 ])
 
 # Hydra's runner keys: the suite runs no Hydra app, so they are refused rather than ignored
