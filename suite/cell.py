@@ -8,8 +8,8 @@ run FINISHED, or KILLED when `on_eval` pruned it. A run that was refused before 
 not a failure of that run and is re-raised untouched:
 
 - `RunLockedError`: another process writes this run dir; its MLflow run is its own.
-- `HardwareError` (this machine cannot run the recorded numerics) and `CorruptMetricsError`
-  (metrics.jsonl holds lines a resume would delete): refused before a run dir or MLflow run
+- `HardwareError` (this machine cannot run the recorded numerics), `CorruptMetricsError`
+  (metrics.jsonl holds lines a resume would delete) and `NoReadableCheckpoint`: refused before a run dir or MLflow run
   exists for `suite run`, which exits 2. A sweep cell (`sweep_cell=True`) records them as a
   failed cell instead, so the sweep's parent run and `suite status` show why it did not run.
 
@@ -142,6 +142,7 @@ def run_cell(cfg: DictConfig, run_dir: str, *, on_eval: OnEval | None = None, pr
     With `sweep_cell`, the error is also written to `run_dir/sweep_error.json` and a refusal
     counts as a failure."""
     from suite.hardware import HardwareError
+    from suite.tracking.checkpoint import NoReadableCheckpoint
     from suite.tracking.lock import RunLockedError
     from suite.tracking.loggers import CorruptMetricsError
 
@@ -150,7 +151,8 @@ def run_cell(cfg: DictConfig, run_dir: str, *, on_eval: OnEval | None = None, pr
         err_path = rundir.path(run_dir, rundir.ERROR_FILE)
         if os.path.exists(err_path):
             os.remove(err_path)  # a retry: the old error no longer describes this attempt
-    refused = (RunLockedError,) if sweep_cell else (RunLockedError, HardwareError, CorruptMetricsError)
+    refused = (RunLockedError,) if sweep_cell else (RunLockedError, HardwareError, CorruptMetricsError,
+                                                    NoReadableCheckpoint)
     try:
         return backend(cfg, run_dir, on_eval, progress=progress)
     except refused:

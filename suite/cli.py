@@ -127,7 +127,7 @@ def write_problem(cfg, run_dir: str) -> str | None:
     if cfg.backend.name == "embedded":
         checks.append((os.path.expanduser(str(cfg.warm_start.cache_dir)), "warm_start.cache_dir"))
     for path, what in checks:
-        if (problem := writable_problem(path, what)) is not None:
+        if (problem := writable_problem(path, what, is_dir=True)) is not None:
             return problem
     return None
 

@@ -527,9 +527,10 @@ def _check_recipe_backend(parsed) -> None:
     recipe, backend = chosen.get("recipe"), chosen.get("backend")
     if recipe in recipes.RECIPES and recipes.RECIPES[recipe].groups.get("backend") not in (None, backend) \
             and backend is not None:
-        raise ConfigError(f"recipe={recipe} runs on backend={recipes.RECIPES[recipe].groups['backend']} (it sets that "
-                          f"backend's model, data and hyper-parameters), not backend={backend}: drop backend={backend}, "
-                          "or use recipe=laptop for the embedded backend")
+        needs = recipes.RECIPES[recipe].groups["backend"]
+        raise ConfigError(f"recipe={recipe} runs on backend={needs} (it sets that backend's model, data and "
+                          f"hyper-parameters), not backend={backend}: drop backend={backend}, or use recipe=laptop "
+                          "for the embedded backend")
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:

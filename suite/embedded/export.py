@@ -85,7 +85,7 @@ def out_problem(out: str | os.PathLike) -> str | None:
         return f"--out {out}: exists and is not a directory"
     if out.is_dir() and any(out.iterdir()):
         return f"--out {out}: exists and is not empty; choose a new directory"
-    return writable_problem(out, "--out")
+    return writable_problem(out, "--out", is_dir=True)
 
 
 def run_checkpoint(run_dir: str | os.PathLike, step: int | None = None) -> tuple[int, dict]:

@@ -484,8 +484,8 @@ class EmbeddedRun:
         drop_corrupt = cfg.tracking.drop_corrupt_metrics
         # refused before the warm start: metrics that cannot be read are never deleted unasked
         refuse_corrupt_jsonl(rundir.path(self.run_dir, rundir.METRICS_FILE), drop_corrupt)
+        resumed = ckpt.load_latest_checkpoint(self.run_dir)  # before the warm start: unreadable ones are refused
         self.build()
-        resumed = ckpt.load_latest_checkpoint(self.run_dir)
         jsonl = JsonlLogger(self.run_dir)
         if resumed is not None:
             self._restore(resumed[1])

@@ -85,6 +85,10 @@ def prepare(run_dir: str | os.PathLike, precision: str | None, benchmarks: str |
     chosen = _choose("--benchmarks", benchmarks, names, names)
     step = _step(backend, cfg, run_dir, checkpoint)
     backend.check_checkpoint(cfg, run_dir, step)
+    from suite.tracking.fscheck import writable_problem
+
+    if (problem := writable_problem(run_dir / "eval", "the scores' directory", is_dir=True)) is not None:
+        raise EvalError(problem)
     return cfg, backend, step, engines, chosen
 
 
@@ -189,6 +193,10 @@ def _eval_sweep(args: argparse.Namespace) -> int:
     prepared = {c.index: prepare(c.run_dir, args.precision, args.benchmarks, args.checkpoint) for c in finished}
     print(f"suite eval: {len(finished)} finished cell(s) of {len(sweep.cells)} in {args.target}", flush=True)
     if sweep.launcher.name == "slurm":
+        from suite.launch.slurm import slurm_problem
+
+        if (problem := slurm_problem()) is not None:
+            raise EvalError(problem)
         return _eval_on_slurm(sweep, finished, args)
     failed = 0
     for c in finished:

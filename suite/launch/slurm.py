@@ -13,6 +13,34 @@ SLURM_PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL
 SLURM_RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "RESIZING", "SIGNALING"}
 SLURM_FAILED = {"FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "COMPLETED"}
 
+def slurm_problem(timeout_s: float = 10.0) -> str | None:
+    """Why this machine cannot submit to SLURM (None: it can): the client commands are missing, or
+    `scontrol ping` reaches no controller (no slurm.conf, a controller that is down). Asked before
+    a sweep or study creates anything; a missing configuration makes scontrol retry for a minute,
+    so the answer is bounded."""
+    import shutil
+
+    missing = [c for c in ("sbatch", "srun", "scontrol") if shutil.which(c) is None]
+    if missing:
+        return (f"launcher=slurm: {', '.join(missing)} not found on PATH; run from a SLURM login node "
+                "(or use launcher=local)")
+    try:
+        proc = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        first = err.strip().splitlines()[0][:200] if err.strip() else ""
+        detail = f"no answer within {timeout_s:.0f} s" + (f": {first}" if first else "")
+    except OSError as exc:
+        detail = str(exc)
+    else:
+        if proc.returncode == 0 and " is UP" in proc.stdout:
+            return None
+        lines = [ln for ln in (proc.stderr + proc.stdout).strip().splitlines() if ln.strip()]
+        detail = lines[-1][:200] if lines else f"exit {proc.returncode}"
+    return (f"launcher=slurm: `scontrol ping` reaches no SLURM controller ({detail}); run from a login node of a "
+            "configured cluster (slurm.conf, or SLURM_CONF), or use launcher=local")
+
+
 def pid_alive(pid: int, folder: Path) -> bool:
     """Whether `pid` is a live (not zombie) submitit local controller of this sweep."""
     try:

@@ -122,7 +122,7 @@ def _out_problem(out: str, force: bool) -> str | None:
     if os.path.isdir(out) and os.listdir(out) and not force \
             and not os.path.isfile(os.path.join(out, "data", "source.json")):
         return f"--out {out}: holds files that are not a `suite report`; choose a new directory or pass --force"
-    return writable_problem(out, "--out")
+    return writable_problem(out, "--out", is_dir=True)
 
 
 def _store_error(e: Exception) -> bool:

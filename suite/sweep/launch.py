@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +22,7 @@ from suite.launch.executors import make_executor
 from suite.launch.guard import Driver, job_target, pid_target
 from suite.sweep.parent import log_parent_artifacts, parent_run, record_parent_status
 from suite.sweep.spec import Cell, Sweep, SweepError
-from suite.launch.slurm import SLURM_RUNNING, pid_alive, sacct
+from suite.launch.slurm import SLURM_RUNNING, pid_alive, sacct, slurm_problem
 from suite.sweep.states import (
     JOBS_FILE,
     STATES,
@@ -124,6 +123,8 @@ def launch(sweep: Sweep, *, retry_failed: bool = False, wait: bool | None = None
     from suite.tracking.loggers import resolve_tracking_uri
     from suite.tracking.outage import StoreUnreachable, check_store
 
+    if sweep.launcher.name == "slurm" and (problem := slurm_problem()) is not None:
+        raise SweepError(problem)
     try:  # before anything is created: a sweep that cannot record its parent run does not start
         check_store(resolve_tracking_uri(sweep.tracking_uri), verb="suite sweep")
     except StoreUnreachable as exc:
@@ -143,9 +144,6 @@ def _launch(sweep: Sweep, *, retry_failed: bool, wait: bool | None, stream) -> i
     stream = stream or sys.stdout
     local = sweep.launcher.name == "local"
     wait = local if wait is None else (wait or local)
-    if not local and (shutil.which("sbatch") is None or shutil.which("srun") is None):
-        raise SweepError("launcher.name=slurm: sbatch/srun not found on PATH; run from a SLURM login node "
-                         "(or use launcher=local)")
     write_state_files(sweep)
     folder = Path(sweep.state_dir) / SUBMITIT_DIR
     states = cell_states(sweep)

@@ -16,15 +16,16 @@ ENV_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is
 
 def nearest_existing(path: str | os.PathLike) -> Path:
     p = Path(os.path.abspath(path))
-    while not p.exists() and p != p.parent:
+    while not os.path.exists(p) and p != p.parent:  # os.path: False for a name too long, where Path raises
         p = p.parent
     return p
 
 
-def writable_problem(path: str | os.PathLike, what: str) -> str | None:
-    """Why `path` (a file or directory to create, replace or write into) cannot be written, or None."""
+def writable_problem(path: str | os.PathLike, what: str, *, is_dir: bool = False) -> str | None:
+    """Why `path` (a file to create or replace, or with `is_dir` a directory to create or write
+    into) cannot be written, or None."""
     anc = nearest_existing(path)
-    if anc == Path(os.path.abspath(path)) and anc.is_file():  # an existing file to replace: its directory decides
+    if not is_dir and anc == Path(os.path.abspath(path)) and os.path.isfile(anc):  # replaced: its directory decides
         anc = anc.parent
     elif not anc.is_dir():
         return f"{what} {path}: {anc} is a file, not a directory"

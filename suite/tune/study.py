@@ -99,13 +99,13 @@ def _check_writable(storage_url: str, tracking_uri: str, sdir: Path) -> None:
     from suite.tracking.fscheck import writable_problem
     from suite.tracking.outage import StoreUnreachable, check_store
 
-    checks = [(sdir, "out_dir: the study's directory")]
+    checks = [(sdir, "out_dir: the study's directory", True)]
     if storage_url.startswith("sqlite:///"):
-        checks.append((storage_url[len("sqlite:///"):], f"storage {storage_url}"))
+        checks.append((storage_url[len("sqlite:///"):], f"storage {storage_url}", False))
     if tracking_uri.startswith("sqlite:///"):
-        checks.append((tracking_uri[len("sqlite:///"):], f"tracking.tracking_uri={tracking_uri}"))
-    for path, what in checks:
-        if (problem := writable_problem(path, what)) is not None:
+        checks.append((tracking_uri[len("sqlite:///"):], f"tracking.tracking_uri={tracking_uri}", False))
+    for path, what, is_dir in checks:
+        if (problem := writable_problem(path, what, is_dir=is_dir)) is not None:
             raise TuneSpecError(problem)
     try:
         check_store(tracking_uri, verb="suite tune")
@@ -268,6 +268,11 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
     tracking_uri = resolve_tracking_uri(base.tracking.tracking_uri)
     sdir = study_dir(spec)
     _check_writable(storage_url, tracking_uri, sdir)  # before the study, its directory or a parent run exist
+    if spec.launcher.name == "slurm":
+        from suite.launch.slurm import slurm_problem
+
+        if (problem := slurm_problem()) is not None:
+            raise TuneSpecError(problem)
     sdir.mkdir(parents=True, exist_ok=True)
     n_target = spec.n_trials
     if spec.sampler.name == "grid":

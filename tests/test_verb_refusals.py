@@ -1,0 +1,220 @@
+"""Refusals that depend on what is on disk or around the machine, a class per verb: each case
+builds its inputs in an empty working directory, runs the verb through the CLI's entry point,
+and asserts exit 2, a message naming the thing refused, no traceback, and nothing created or
+changed (every file's bytes and every directory's listing compared before and after, the MLflow
+store included). The flag and file tables are tests/test_bad_inputs.py (`suite run`) and
+tests/test_bad_inputs_verbs.py; docs/architecture.md, "What each verb refuses", counts all three
+(scripts/refusals_table.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from suite.cli import main
+
+TINY = ["model=tiny", "steps=1", "eval_every=1", "ckpt_every=1", "task.n_eval=4", "warm_start.steps=0", "threads=1"]
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every path under `root` -> its content's SHA-256 (files) or "dir"."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            out[os.path.relpath(os.path.join(dirpath, d), root)] = "dir"
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            out[os.path.relpath(p, root)] = hashlib.sha256(Path(p).read_bytes()).hexdigest()
+    return out
+
+
+def refused(work: Path, argv: list[str], names: list[str], capsys, *, may_lock: bool = False) -> str:
+    """`may_lock`: the run dir exists already and the refusal came while its writer lock was held;
+    the lock's file (empty, suite.tracking.lock) stays, as after every run."""
+    capsys.readouterr()  # what setting the case up printed
+    before = snapshot(work)
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    for n in names:
+        assert n in err, (n, err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    after = snapshot(work)
+    if may_lock:
+        after = {k: v for k, v in after.items() if not (k.endswith("/run.lock") and k not in before and v == EMPTY)}
+    assert after == before, err
+    return err
+
+
+EMPTY = hashlib.sha256(b"").hexdigest()
+
+
+@pytest.fixture
+def work(empty_cwd):
+    return empty_cwd / "work"
+
+
+def _store(work: Path) -> str:
+    """A real sqlite MLflow store with one finished run (what 'MLflow unchanged' compares)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("suite"), run_name="earlier")
+    client.set_terminated(run.info.run_id)
+    return uri
+
+
+def _no_slurm(work: Path, monkeypatch) -> None:
+    """sbatch and scontrol are installed here; a configuration that names no cluster is what a
+    machine without SLURM set up has (an empty slurm.conf fails at once, a missing one after a
+    minute of retries)."""
+    conf = work.parent / "slurm.conf"
+    conf.write_text("")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+
+
+class TestRun:
+    def test_out_dir_is_a_file(self, work, capsys):
+        (work / "runs").write_text("x")
+        refused(work, ["run", *TINY, "out_dir=runs"], ["out_dir", "is a file, not a directory"], capsys)
+
+    def test_out_dir_name_too_long(self, work, capsys):
+        refused(work, ["run", *TINY, f"out_dir={'r' * 300}"], ["out_dir", "300 bytes", "allows 255"], capsys)
+
+    def test_store_file_not_writable_directory(self, work, capsys):
+        (work / "db").write_text("x")
+        refused(work, ["run", *TINY, f"tracking.tracking_uri=sqlite:///{work / 'db' / 'mlflow.db'}"],
+                ["tracking.tracking_uri", "is a file, not a directory"], capsys)
+
+    def test_checkpoints_none_of_which_can_be_read(self, work, capsys):
+        from suite.config import compose_config, run_id
+
+        argv = [*TINY, f"out_dir={work / 'runs'}", f"tracking.tracking_uri={_store(work)}",
+                f"warm_start.cache_dir={work / 'cache'}"]
+        ck = work / "runs" / run_id(compose_config(argv)) / "checkpoints"
+        ck.mkdir(parents=True)
+        (ck / "step_00000001.pt").write_bytes(b"")  # cut short before its first byte
+        (work / "cache").mkdir()
+        refused(work, ["run", *argv], ["cannot resume", "none of the 1 checkpoints", "can be read"], capsys,
+                may_lock=True)
+
+
+class TestSweep:
+    def test_slurm_without_a_configuration(self, work, capsys, monkeypatch):
+        _no_slurm(work, monkeypatch)
+        (work / "s.yaml").write_text("name: s\nbase: [" + ", ".join(TINY) + "]\nmatrix: {seed: [0]}\n")
+        refused(work, ["sweep", "s.yaml", "launcher=slurm", "cluster=cpu"],
+                ["launcher=slurm", "`scontrol ping` reaches no SLURM controller", "launcher=local"], capsys)
+
+    def test_a_store_that_does_not_answer(self, work, capsys):
+        from mlflow_server import free_port
+
+        (work / "s.yaml").write_text("name: s\nbase: [" + ", ".join(TINY) + "]\nmatrix: {seed: [0]}\n")
+        uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+        refused(work, ["sweep", "s.yaml", f"tracking.tracking_uri={uri}"],
+                [f"the MLflow tracking server at {uri} does not answer", "suite sweep needs it"], capsys)
+
+
+class TestTune:
+    def test_slurm_without_a_configuration(self, work, capsys, monkeypatch):
+        _no_slurm(work, monkeypatch)
+        (work / "t.yaml").write_text(
+            "study: t\nstorage: sqlite:///optuna.db\nout_dir: runs\nbase: [" + ", ".join(TINY) + "]\n"
+            "objective: {metric: val-core/arith/acc/mean@1, direction: maximize}\nn_trials: 1\n"
+            "launcher: {name: slurm, profile: cpu}\nspace:\n  uaq.s: {type: float, low: 1.0, high: 2.0}\n")
+        refused(work, ["tune", "t.yaml"], ["`scontrol ping` reaches no SLURM controller"], capsys)
+
+    def test_a_storage_directory_that_is_a_file(self, work, capsys):
+        (work / "db").write_text("x")
+        (work / "t.yaml").write_text(
+            "study: t\nstorage: sqlite:///db/optuna.db\nout_dir: runs\nbase: [" + ", ".join(TINY) + "]\n"
+            "objective: {metric: val-core/arith/acc/mean@1, direction: maximize}\nn_trials: 1\n"
+            "space:\n  uaq.s: {type: float, low: 1.0, high: 2.0}\n")
+        refused(work, ["tune", "t.yaml"], ["storage sqlite:///", "is a file, not a directory"], capsys)
+
+
+class TestReport:
+    def test_out_is_a_file(self, work, capsys):
+        _store(work)
+        (work / "out").write_text("x")
+        refused(work, ["report", "--experiment", "suite", "--out", "out"], ["--out out", "not a directory"], capsys)
+
+    def test_out_holds_something_else(self, work, capsys):
+        _store(work)
+        (work / "out").mkdir()
+        (work / "out" / "notes.md").write_text("mine")
+        refused(work, ["report", "--experiment", "suite", "--out", "out"],
+                ["--out out", "not a `suite report`", "--force"], capsys)
+
+    def test_a_store_that_does_not_answer(self, work, capsys):
+        from mlflow_server import free_port
+
+        uri = f"http://127.0.0.1:{free_port()}"
+        refused(work, ["report", "--tracking-uri", uri, "--out", "out"], [uri, "does not answer"], capsys)
+
+
+class TestExport:
+    def test_a_verl_run(self, work, capsys):
+        (work / "run").mkdir()
+        (work / "run" / "config.yaml").write_text("backend: {name: verl}\n")
+        err = refused(work, ["export", "--run", "run", "--out", "out"], ["--run run: a verl run"], capsys)
+        assert "drop backend" not in err
+
+    def test_a_damaged_config(self, work, capsys):
+        (work / "run").mkdir()
+        (work / "run" / "config.yaml").write_text("backend: [unclosed\n")
+        refused(work, ["export", "--run", "run", "--out", "out"], ["config.yaml cannot be read"], capsys)
+
+    def test_step_without_run(self, work, capsys):
+        refused(work, ["export", *TINY, "--step", "3", "--out", "out"], ["--step", "--run"], capsys)
+
+
+class TestDataPrepare:
+    def test_out_is_a_file(self, work, capsys):
+        (work / "g.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+        (work / "data").write_text("x")
+        refused(work, ["data", "prepare", "gsm8k", "--src", "g.jsonl", "--out", "data"],
+                ["--out data", "not a directory"], capsys)
+
+    def test_an_existing_output(self, work, capsys):
+        (work / "g.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+        (work / "data").mkdir()
+        (work / "data" / "gsm8k-train.parquet").write_bytes(b"prepared before")
+        refused(work, ["data", "prepare", "gsm8k", "--src", "g.jsonl", "--out", "data"],
+                ["gsm8k-train.parquet exists", "--force"], capsys)
+
+
+class TestUaq:
+    def test_out_is_a_file(self, work, capsys):
+        (work / "model").mkdir()
+        (work / "out").write_text("x")
+        refused(work, ["uaq", "apply", "--s", "1.5", "model", "out"], ["OUT_DIR out", "not empty"], capsys)
+
+
+class TestEval:
+    def test_not_a_run_dir(self, work, capsys):
+        (work / "run").mkdir()
+        refused(work, ["eval", "run"], ["run: not a run directory", "config.yaml"], capsys)
+
+    def test_overrides_beside_a_run_dir(self, work, capsys):
+        (work / "run").mkdir()
+        refused(work, ["eval", "run", "seed=1"], ["overrides 'seed=1'", "sweep file"], capsys)
+
+
+class TestStatus:
+    def test_a_damaged_jobs_record(self, work, capsys):
+        (work / "s.yaml").write_text("name: s\nbase: [" + ", ".join(TINY) + ", out_dir=runs]\nmatrix: {seed: [0]}\n")
+        state = work / "runs" / "_sweeps" / "s"
+        state.mkdir(parents=True)
+        (state / "jobs.jsonl").write_text("{not json\n")
+        refused(work, ["status", "s.yaml"], ["jobs.jsonl"], capsys)
+
+
+CLASSES = [TestRun, TestSweep, TestTune, TestReport, TestExport, TestDataPrepare, TestUaq, TestEval, TestStatus]
