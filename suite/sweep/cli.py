@@ -108,6 +108,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         if all(s.state == "done" for s in states):
             try:
                 running = parent_status(sweep) == "RUNNING"
+            except SweepError:
+                raise  # a damaged parent record: named below
             except Exception as exc:  # noqa: BLE001 - the cells' states come from their run dirs; MLflow only adds this
                 print(f"note: the MLflow parent run's status is unknown ({type(exc).__name__}: the store does not "
                       "answer)")

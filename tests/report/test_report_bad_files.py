@@ -63,6 +63,9 @@ def test_a_damaged_parent_record_of_a_sweep_is_named(work, capsys):
     sweep.write_text("name: s\nbase: [model=tiny]\nmatrix: {seed: [0]}\n")
     state = work / "runs" / "_sweeps" / "s"
     state.mkdir(parents=True)
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(f"sqlite:///{work / 'mlflow.db'}").search_experiments()  # a store there: the record is what is wrong
     (state / "parent_run.json").write_text('{"run_id": ')
     code, err = _report(capsys, str(sweep), "--out", str(work / "out"))
     assert code == 2 and f"{state / 'parent_run.json'}: not JSON" in err, err
