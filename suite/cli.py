@@ -145,7 +145,12 @@ def _warm_start_only(cfg, *, progress: bool) -> int:
     its allocation, on the lock of the first one training it (suite.embedded.warmstart)."""
     from suite.backend import backend_warm_start
     from suite.hardware import HardwareError
+    from suite.tracking.fscheck import writable_problem
 
+    if cfg.backend.name == "embedded" and (problem := writable_problem(
+            os.path.expanduser(str(cfg.warm_start.cache_dir)), "warm_start.cache_dir", is_dir=True)) is not None:
+        print(f"suite run: --warm-start-only: {problem}", file=sys.stderr)
+        return 2
     try:
         info = backend_warm_start(cfg, progress=progress)
     except ValueError as exc:  # a backend without a warm start
@@ -257,7 +262,19 @@ _PLUGINS: tuple[str, ...] = (
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except Exception as exc:
+        # a file system fault (full, read-only, permission) in any verb: one line, not a traceback;
+        # the verbs write to temporary names renamed when complete, so nothing half-written is left
+        from suite.tracking.fscheck import env_fault, fault_line
+
+        fault = env_fault(exc)
+        if fault is None:
+            raise
+        print(f"suite {args.command}: stopped: {fault_line(fault)}; once that is fixed, run the same command again",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -109,3 +109,15 @@ def test_a_disk_full_mid_run_stops_in_one_line_and_the_same_command_resumes(tmp_
     run = client.get_run(rid)
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(rid, "train/acc")] == [1, 2, 3, 4]
+
+
+def test_an_export_to_a_full_disk_stops_in_one_line_and_leaves_nothing(tmp_path, mounts):
+    tmpfs, _ = mounts
+    out = tmpfs(tmp_path / "small", "1m")  # the tiny model's float32 safetensors alone is ~10 MB
+    proc = _suite(["export", *TINY, f"warm_start.cache_dir={tmp_path / 'warm'}", "--out", str(out / "exported")],
+                  tmp_path, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("suite export: stopped: ") and "the disk is full (ENOSPC)" in line, proc.stderr
+    assert os.listdir(out) == []  # no half export, no temporary directory

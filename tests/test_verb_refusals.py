@@ -106,6 +106,12 @@ class TestRun:
                 may_lock=True)
 
 
+    def test_warm_start_cache_is_a_file(self, work, capsys):
+        (work / "cache").write_text("x")
+        refused(work, ["run", "--warm-start-only", *TINY, f"warm_start.cache_dir={work / 'cache' / 'ws'}"],
+                ["--warm-start-only", "warm_start.cache_dir", "is a file, not a directory"], capsys)
+
+
 class TestSweep:
     def test_slurm_without_a_configuration(self, work, capsys, monkeypatch):
         _no_slurm(work, monkeypatch)

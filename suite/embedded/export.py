@@ -156,17 +156,31 @@ def export(cfg, out: str | os.PathLike, *, progress: bool = True, run_dir: str |
         state, info = run.load_warm_start(progress)
         source = {"warm_start": info.get("cache_path", "")}
     model = Transformer(mc)
-    model.load_state_dict(state)
-    out.mkdir(parents=True, exist_ok=True)
-    save_hf_model(model.eval().to(torch.float32), run.tokenizer, out / "model")
-    _parquet(run.train_pool, run.task_name, run.task_difficulty, "train", out / "train.parquet")
-    _parquet(run.eval_set, run.task_name, run.task_difficulty, "test", out / "test.parquet")
-    (out / "reward.py").write_text(REWARD.format(difficulty=run.task_difficulty))
-    paths = {"model": str(out / "model"), "train": str(out / "train.parquet"), "test": str(out / "test.parquet"),
-             "reward": str(out / "reward.py")}
-    (out / "export.json").write_text(json.dumps({**paths, **source, "task": run.task_name,
-                                                 "difficulty": run.task_difficulty,
-                                                 "model_preset": cfg.model.preset}, indent=2))
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:  # a checkpoint of another model than the run's config describes
+        where = f"--run {run_dir}: its checkpoint" if run_dir is not None else "the warm start"
+        raise ValueError(f"{where} does not fit model={cfg.model.preset} "
+                         f"({str(exc).splitlines()[0][:200]})") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # written beside OUT and renamed into place when complete: a fault (a full disk) leaves no half export
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        save_hf_model(model.eval().to(torch.float32), run.tokenizer, tmp / "model")
+        _parquet(run.train_pool, run.task_name, run.task_difficulty, "train", tmp / "train.parquet")
+        _parquet(run.eval_set, run.task_name, run.task_difficulty, "test", tmp / "test.parquet")
+        (tmp / "reward.py").write_text(REWARD.format(difficulty=run.task_difficulty))
+        paths = {"model": str(out / "model"), "train": str(out / "train.parquet"), "test": str(out / "test.parquet"),
+                 "reward": str(out / "reward.py")}
+        (tmp / "export.json").write_text(json.dumps({**paths, **source, "task": run.task_name,
+                                                     "difficulty": run.task_difficulty,
+                                                     "model_preset": cfg.model.preset}, indent=2))
+        os.replace(tmp, out)  # rename(2) replaces an empty directory
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return paths
 
 

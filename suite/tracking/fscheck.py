@@ -49,11 +49,17 @@ def writable_problem(path: str | os.PathLike, what: str, *, is_dir: bool = False
 
 def env_fault(exc: BaseException) -> OSError | None:
     """The file-system fault (disk full, read-only, permission) behind `exc`, if that is what it is."""
+    import re
+
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         if isinstance(e, OSError) and e.errno in ENV_ERRNOS:
             return e
+        # libraries in Rust (safetensors, tokenizers) report an I/O error as text: "... (os error 28)"
+        m = re.search(r"\(os error (\d+)\)", str(e))
+        if m and int(m.group(1)) in ENV_ERRNOS:
+            return OSError(int(m.group(1)), os.strerror(int(m.group(1))))
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return None

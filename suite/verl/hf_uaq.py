@@ -121,6 +121,10 @@ def _check_out(in_dir: Path, out_dir: Path) -> None:
         raise UAQError(f"OUT_DIR {out_dir} exists and is not empty; choose a new directory")
     if in_dir.resolve() in out_dir.resolve().parents:
         raise UAQError(f"OUT_DIR {out_dir} lies inside IN_DIR {in_dir}")
+    from suite.tracking.fscheck import writable_problem
+
+    if (problem := writable_problem(out_dir, "OUT_DIR", is_dir=True)) is not None:
+        raise UAQError(problem)
 
 
 def transform(in_dir: str | os.PathLike, out_dir: str | os.PathLike, s: float, *, undo: bool = False,
