@@ -91,6 +91,18 @@ class MlflowServer:
             break
         self.proc = None
 
+    def crash(self) -> None:
+        """SIGKILL the server's process group at once (an outage that starts now, with no graceful
+        shutdown to wait for); `start()` brings it back on the same port and store."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=60)
+        self.proc = None
+
     def _log_tail(self, n: int = 4000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-n:]

@@ -137,6 +137,17 @@ class TestTune:
             "launcher: {name: slurm, profile: cpu}\nspace:\n  uaq.s: {type: float, low: 1.0, high: 2.0}\n")
         refused(work, ["tune", "t.yaml"], ["`scontrol ping` reaches no SLURM controller"], capsys)
 
+    def test_a_store_that_does_not_answer(self, work, capsys):
+        from mlflow_server import free_port
+
+        uri = f"http://127.0.0.1:{free_port()}"
+        (work / "t.yaml").write_text(
+            "study: t\nstorage: sqlite:///optuna.db\nout_dir: runs\nbase: [" + ", ".join(TINY) +
+            f", 'tracking.tracking_uri={uri}']\n"
+            "objective: {metric: val-core/arith/acc/mean@1, direction: maximize}\nn_trials: 1\n"
+            "space:\n  uaq.s: {type: float, low: 1.0, high: 2.0}\n")
+        refused(work, ["tune", "t.yaml"], [f"the MLflow tracking server at {uri} does not answer"], capsys)
+
     def test_a_storage_directory_that_is_a_file(self, work, capsys):
         (work / "db").write_text("x")
         (work / "t.yaml").write_text(

@@ -35,7 +35,7 @@ def _outage(tmp_path, monkeypatch, server):
     env = {**child_env(), "MLFLOW_TRACKING_URI": server.uri}
     runs = tmp_path / "runs"
     path = write_sweep(tmp_path / "dark.yaml", {
-        "name": "dark", "base": [*TINY, "steps=4", f"out_dir={runs}"],
+        "name": "dark", "base": [*TINY, "steps=6", f"out_dir={runs}"],
         "matrix": {"seed": [0, 1]}, "launcher": {"max_parallel": 1, "poll_s": 0.5}})
 
     def suite(*argv, **kw):
@@ -51,7 +51,8 @@ def _outage(tmp_path, monkeypatch, server):
                 break
             time.sleep(0.2)
         assert proc.poll() is None, "the sweep ended before the outage could begin"
-        server.stop()
+        # at once: cell 1 needs seconds to start and train, the parent's status comes after it
+        server.crash()
         out, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -94,4 +95,4 @@ def _outage(tmp_path, monkeypatch, server):
     children = [r for r in every if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(r.data.tags["seed"] for r in children) == ["0", "1"] and len(every) == 3
     for r in children:
-        assert [m.step for m in client.get_metric_history(r.info.run_id, "train/acc")] == [1, 2, 3, 4]
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "train/acc")] == [1, 2, 3, 4, 5, 6]
