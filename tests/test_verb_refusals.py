@@ -177,7 +177,54 @@ class TestReport:
         refused(work, ["report", "--tracking-uri", uri, "--out", "out"], [uri, "does not answer"], capsys)
 
 
+def _embedded_run(work: Path, checkpoints: dict[int, dict | bytes] = {}) -> Path:  # noqa: B006 - read only
+    """A run dir with the config of TINY and, per step, a checkpoint of that state (a dict) or
+    those bytes (a damaged file): what export and eval read, without training anything."""
+    from omegaconf import OmegaConf
+
+    from suite.config import compose_config
+    from suite.tracking.checkpoint import checkpoint_path, save_checkpoint
+
+    run = work / "run"
+    run.mkdir()
+    OmegaConf.save(compose_config([*TINY, f"warm_start.cache_dir={work / 'cache'}"]), run / "config.yaml")
+    for step, state in checkpoints.items():
+        if isinstance(state, dict):
+            save_checkpoint(run, step, state, keep_last=10)
+        else:
+            checkpoint_path(run, step).parent.mkdir(parents=True, exist_ok=True)
+            checkpoint_path(run, step).write_bytes(state)
+    return run
+
+
 class TestExport:
+    def test_a_run_without_checkpoints(self, work, capsys):
+        _embedded_run(work)
+        refused(work, ["export", "--run", "run", "--out", "out"], ["--run run: holds no checkpoint"], capsys)
+
+    def test_a_damaged_newest_checkpoint_is_named_not_passed_over(self, work, capsys):
+        _embedded_run(work, {1: {"actor": {}}, 2: b"cut short"})
+        refused(work, ["export", "--run", "run", "--out", "out"],
+                ["step_00000002.pt (step 2) cannot be read", "--step 1"], capsys)
+
+    def test_a_checkpoint_of_another_model(self, work, capsys):
+        _embedded_run(work, {1: {"actor": {"layers.0.nosuch": __import__("torch").zeros(1)}}})
+        refused(work, ["export", "--run", "run", "--out", "out"], ["its checkpoint does not fit model=tiny"], capsys)
+
+    def test_a_step_that_is_not_there(self, work, capsys):
+        _embedded_run(work, {1: {"actor": {}}})
+        refused(work, ["export", "--run", "run", "--step", "5", "--out", "out"],
+                ["--step 5", "it has steps 1"], capsys)
+
+    def test_overrides_beside_run(self, work, capsys):
+        _embedded_run(work)
+        refused(work, ["export", "--run", "run", "seed=1", "--out", "out"], ["drop the overrides", "seed=1"], capsys)
+
+    def test_out_not_empty(self, work, capsys):
+        (work / "out").mkdir()
+        (work / "out" / "keep").write_text("x")
+        refused(work, ["export", *TINY, "--out", "out"], ["--out out", "not empty"], capsys)
+
     def test_a_verl_run(self, work, capsys):
         (work / "run").mkdir()
         (work / "run" / "config.yaml").write_text("backend: {name: verl}\n")
@@ -214,8 +261,36 @@ class TestUaq:
         (work / "out").write_text("x")
         refused(work, ["uaq", "apply", "--s", "1.5", "model", "out"], ["OUT_DIR out", "not empty"], capsys)
 
+    def test_out_is_in(self, work, capsys):
+        (work / "model").mkdir()
+        refused(work, ["uaq", "apply", "--s", "1.5", "model", "model"], ["is IN_DIR", "never overwrites"], capsys)
+
+    def test_out_inside_in(self, work, capsys):
+        (work / "model").mkdir()
+        refused(work, ["uaq", "apply", "--s", "1.5", "model", "model/out"], ["lies inside IN_DIR"], capsys)
+
+    def test_not_a_hugging_face_directory(self, work, capsys):
+        (work / "model").mkdir()
+        refused(work, ["uaq", "apply", "--s", "1.5", "model", "out"], ["no config.json"], capsys)
+
+    def test_an_architecture_without_a_mapping(self, work, capsys):
+        (work / "model").mkdir()
+        (work / "model" / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+        refused(work, ["uaq", "apply", "--s", "1.5", "model", "out"], ["GPT2LMHeadModel", "LlamaForCausalLM"], capsys)
+
 
 class TestEval:
+    def test_no_such_run_dir(self, work, capsys):
+        refused(work, ["eval", "nowhere"], ["nowhere: no such run directory"], capsys)
+
+    def test_a_run_without_checkpoints(self, work, capsys):
+        _embedded_run(work)
+        refused(work, ["eval", "run"], ["holds no checkpoint to score"], capsys)
+
+    def test_an_engine_that_is_not_there(self, work, capsys):
+        _embedded_run(work)
+        refused(work, ["eval", "run", "--precision", "int3"], ["--precision", "int3"], capsys)
+
     def test_not_a_run_dir(self, work, capsys):
         (work / "run").mkdir()
         refused(work, ["eval", "run"], ["run: not a run directory", "config.yaml"], capsys)
@@ -234,4 +309,21 @@ class TestStatus:
         refused(work, ["status", "s.yaml"], ["jobs.jsonl"], capsys)
 
 
-CLASSES = [TestRun, TestSweep, TestTune, TestReport, TestExport, TestDataPrepare, TestUaq, TestEval, TestStatus]
+class TestSync:
+    def test_a_damaged_run_record(self, work, capsys):
+        (work / "run").mkdir()
+        (work / "run" / "mlflow_run.json").write_text("{cut")
+        refused(work, ["sync", "run"], ["mlflow_run.json: not valid JSON"], capsys)
+
+
+class TestCancel:
+    def test_a_damaged_jobs_record(self, work, capsys):
+        (work / "s.yaml").write_text("name: s\nbase: [" + ", ".join(TINY) + ", out_dir=runs]\nmatrix: {seed: [0]}\n")
+        state = work / "runs" / "_sweeps" / "s"
+        state.mkdir(parents=True)
+        (state / "jobs.jsonl").write_text("{not json\n")
+        refused(work, ["cancel", "s.yaml"], ["jobs.jsonl"], capsys)
+
+
+CLASSES = [TestRun, TestSweep, TestTune, TestReport, TestExport, TestDataPrepare, TestUaq, TestEval, TestStatus,
+           TestSync, TestCancel]

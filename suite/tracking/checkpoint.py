@@ -61,6 +61,11 @@ class CheckpointError(ValueError):
     """A checkpoint file that cannot be read as the step it names; the message says why."""
 
 
+class CheckpointTypeError(CheckpointError):
+    """torch's weights-only loader refused a type in the file: a bug in what was saved (or a file
+    that is not a checkpoint at all), never a reason to resume from an older one."""
+
+
 class NoReadableCheckpoint(CheckpointError, RuntimeError):
     """Checkpoints exist and none can be read: a resume would silently start again from step 0."""
 
@@ -68,15 +73,15 @@ class NoReadableCheckpoint(CheckpointError, RuntimeError):
 def read_checkpoint(path: str | os.PathLike, step: int, *, map_location: str | torch.device = "cpu",
                     weights_only: bool = True) -> dict:
     """The state saved in `path` as the checkpoint of `step`; reads only. CheckpointError for a
-    damaged file (truncated, corrupt, another step); a refused type (`_is_allowlist_error`) raises as is."""
+    damaged file (truncated, corrupt, another step), CheckpointTypeError for a type torch's
+    weights-only loader refuses (`_is_allowlist_error`)."""
     try:
         payload = torch.load(path, map_location=map_location, weights_only=weights_only)
         if not (isinstance(payload, dict) and payload.get("step") == step and "state" in payload):
             raise ValueError(f"not a suite checkpoint of step {step}")
     except Exception as e:  # noqa: BLE001 - any failure to read means "damaged"
-        if _is_allowlist_error(e):
-            raise
-        raise CheckpointError(f"{type(e).__name__}: {str(e)[:200]}") from e
+        kind = CheckpointTypeError if _is_allowlist_error(e) else CheckpointError
+        raise kind(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}") from e
     return payload["state"]
 
 
@@ -96,6 +101,8 @@ def load_latest_checkpoint(
     for step, path in reversed(ckpts):
         try:
             state = read_checkpoint(path, step, map_location=map_location, weights_only=weights_only)
+        except CheckpointTypeError as e:
+            raise e.__cause__ from None
         except CheckpointError as e:
             log.warning("checkpoint %s is unreadable (%s)", path, e)
             bad.append((path, e))
