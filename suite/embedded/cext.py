@@ -12,6 +12,7 @@ and the caller runs its Python path (the same numbers, slower).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
@@ -41,14 +42,36 @@ def build(name: str, source: str, *, python_module: bool, what: str):
                       "source version, ~30-75 s)", file=sys.stderr, flush=True)
             # -fopenmp: at::parallel_for is a header template whose OpenMP pragma is ignored (one
             # thread) in code compiled without it
-            mod = load(name=disk_name, sources=[path], extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
-                       is_python_module=python_module, verbose=False)
+            with _builder_lock(root, disk_name):
+                mod = load(name=disk_name, sources=[path], extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
+                           is_python_module=python_module, verbose=False)
             _built[name] = mod if python_module else True
         except Exception as exc:  # no compiler / ninja / headers: the caller's Python path, same numbers
             _failed[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
             warnings.warn(f"suite.embedded: the C++ extension {name} did not build ({_failed[name]}); {what}",
                           stacklevel=3)
     return _built.get(name)
+
+
+@contextlib.contextmanager
+def _builder_lock(root: str, disk_name: str):
+    """One builder of an extension at a time, under a lock the kernel drops when its holder dies.
+
+    torch's own build lock is the existence of a file (``<build dir>/lock``, its FileBaton):
+    a builder killed mid-build (Ctrl-C, SIGKILL, a job's time limit) leaves it, and every later
+    process waits for it forever. Holding this flock, no live suite process is building, so a
+    baton found there is such a leftover and is removed."""
+    import fcntl
+
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, f".{disk_name}.suite-build.lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        for stale in glob.glob(os.path.join(root, "*", disk_name, "lock")) + [os.path.join(root, disk_name, "lock")]:
+            if os.path.exists(stale):
+                print(f"suite: removing {stale}, left by a build of {disk_name} that was killed", file=sys.stderr,
+                      flush=True)
+                os.remove(stale)
+        yield
 
 
 def build_name(name: str, path: str) -> str:
