@@ -497,21 +497,20 @@ def test_a_run_that_raises_ends_its_mlflow_run_failed(tmp_path):
     """`suite run` on a config that validates but cannot run: non-zero exit, the error on
     stderr, and the MLflow run ended FAILED with the error as a tag (not RUNNING forever)."""
     db = tmp_path / "mlflow.db"
-    (tmp_path / "a-file").write_text("")
-    overrides = TINY + [
-        f"out_dir={tmp_path / 'runs'}",
-        # a warm-start cache under a file: validates (a path), fails at set-up (the warm start's makedirs)
-        f"warm_start.cache_dir={tmp_path / 'a-file' / 'warmstart'}",
-        f"tracking.tracking_uri=sqlite:///{db}",
-    ]
+    overrides = TINY + [f"out_dir={tmp_path / 'runs'}", f"tracking.tracking_uri=sqlite:///{db}"]
+    # the run dir's checkpoints/ taken by a file: every check before the run passes (the run dir is
+    # a writable directory), and the first checkpoint fails mid-run
+    run_dir = tmp_path / "runs" / run_id(compose_config(overrides))
+    run_dir.mkdir(parents=True)
+    (run_dir / "checkpoints").write_text("")
     proc = subprocess.run([sys.executable, "-m", "suite.cli", "run", "--no-progress", *overrides],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode not in (0, 2), proc.stderr  # 2 would be a refusal at compose
-    assert "Not a directory" in proc.stderr
+    assert "File exists" in proc.stderr
     runs = MlflowClient(f"sqlite:///{db}").search_runs(
         [e.experiment_id for e in MlflowClient(f"sqlite:///{db}").search_experiments()])
     assert len(runs) == 1
-    assert runs[0].info.status == "FAILED" and "Not a directory" in runs[0].data.tags["error"]
+    assert runs[0].info.status == "FAILED" and "File exists" in runs[0].data.tags["error"]
 
 
 @pytest.mark.slow
