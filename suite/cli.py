@@ -265,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except Exception as exc:
-        # a file system fault (full, read-only, permission) in any verb: one line, not a traceback;
-        # the verbs write to temporary names renamed when complete, so nothing half-written is left
+        # a file system fault (full, read-only, permission) in any verb: one line, not a traceback.
+        # export, uaq, data prepare and a run's records write temporary names renamed when complete,
+        # so they leave nothing half-written; a report is regenerated whole by the same command
         from suite.tracking.fscheck import env_fault, fault_line
 
         fault = env_fault(exc)
