@@ -300,12 +300,17 @@ class TestEval:
         refused(work, ["eval", "run", "seed=1"], ["overrides 'seed=1'", "sweep file"], capsys)
 
 
+def _damaged_jobs_record(work: Path) -> None:
+    """A sweep file s.yaml whose state dir holds a jobs.jsonl cut mid-line."""
+    (work / "s.yaml").write_text("name: s\nbase: [" + ", ".join(TINY) + ", out_dir=runs]\nmatrix: {seed: [0]}\n")
+    state = work / "runs" / "_sweeps" / "s"
+    state.mkdir(parents=True)
+    (state / "jobs.jsonl").write_text("{not json\n")
+
+
 class TestStatus:
     def test_a_damaged_jobs_record(self, work, capsys):
-        (work / "s.yaml").write_text("name: s\nbase: [" + ", ".join(TINY) + ", out_dir=runs]\nmatrix: {seed: [0]}\n")
-        state = work / "runs" / "_sweeps" / "s"
-        state.mkdir(parents=True)
-        (state / "jobs.jsonl").write_text("{not json\n")
+        _damaged_jobs_record(work)
         refused(work, ["status", "s.yaml"], ["jobs.jsonl"], capsys)
 
 
@@ -318,10 +323,7 @@ class TestSync:
 
 class TestCancel:
     def test_a_damaged_jobs_record(self, work, capsys):
-        (work / "s.yaml").write_text("name: s\nbase: [" + ", ".join(TINY) + ", out_dir=runs]\nmatrix: {seed: [0]}\n")
-        state = work / "runs" / "_sweeps" / "s"
-        state.mkdir(parents=True)
-        (state / "jobs.jsonl").write_text("{not json\n")
+        _damaged_jobs_record(work)
         refused(work, ["cancel", "s.yaml"], ["jobs.jsonl"], capsys)
 
 
