@@ -6,7 +6,9 @@ Matched against verl 0.9.1 ``verl.trainer.ppo.core_algos`` (see tests/core/test_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -190,3 +192,45 @@ __all__ = [
     "masked_whiten",
     "overlong_penalty",
 ]
+
+
+# ----------------------------------------------------------------------------- the algorithms
+
+
+def _gae_from_outcome(scores, lengths, mask, values, group_size, algo) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO: the outcome reward on each response's last token, then GAE against the critic's values."""
+    rewards = torch.zeros_like(mask)  # [N, R]: outcome reward on the last response token
+    last = (lengths - 1).clamp(min=0)
+    rewards[torch.arange(len(last)), last] = scores
+    return gae_advantages(rewards, values * mask, mask, gamma=algo.gamma, lam=algo.lam)
+
+
+def _grpo_from_outcome(scores, lengths, mask, values, group_size, algo) -> tuple[torch.Tensor, None]:
+    """GRPO / DAPO: group-normalised outcome rewards; groups of `group_size` are contiguous."""
+    group_ids = torch.arange(len(scores)) // group_size  # [N]
+    return grpo_advantages(scores, group_ids, mask, norm_by_std=algo.norm_adv_by_std), None
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One `algo=` option: its advantage estimator, and the algo config values it sets (`suite.config`
+    registers each as a config option; the embedded trainer and the verl translation read the rest
+    from here, so a new estimator is one entry below)."""
+
+    verl_estimator: str  # verl's algorithm.adv_estimator
+    critic: bool  # token-level advantages against a learned value model (a critic is trained)
+    # (scores [N], lengths [N], mask [N, R], values [N, R] or None, group size, the algo config)
+    # -> (advantages [N, R], value-loss returns [N, R] or None)
+    advantages: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+    config: Mapping[str, Any] = field(default_factory=dict)  # algo.* values beside the defaults
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    # PPO: token-level GAE with a critic (verl: adv_estimator=gae); G responses per prompt like GRPO,
+    # so both see the same rollouts per step and compare at equal cost.
+    "ppo": Algorithm("gae", True, _gae_from_outcome),
+    "grpo": Algorithm("grpo", False, _grpo_from_outcome),
+    # DAPO (arXiv 2503.14476): clip-higher, token-mean, dynamic sampling, overlong shaping, no KL.
+    "dapo": Algorithm("grpo", False, _grpo_from_outcome, config={
+        "clip_high": 0.28, "agg": "token-mean", "dynamic_sampling": True, "overlong_buffer": 8, "kl_coef": 0.0}),
+}

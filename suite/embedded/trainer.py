@@ -173,7 +173,7 @@ class EmbeddedRun:
                                    group_lr_s=self.group_lr_s)
         self.ref = parts.reference(self.actor, self.model_cfg) if self.algo.kl_coef > 0 else None
         self.critic = self.critic_opt = None
-        if self.algo.name == "ppo":
+        if adv_fns.ALGORITHMS[self.algo.name].critic:
             self.critic, self.critic_opt = parts.critic(self.model_cfg, state, lr=self.algo.critic_lr, betas=o.betas)
         self.engine, self.eval_engine = parts.engines(self.actor, self.scheme, kernels=self.kernels_executed,
                                                       bf16_kernels=self.bf16_kernels, lm_head=self.quant_lm_head,
@@ -278,19 +278,14 @@ class EmbeddedRun:
 
     def _advantages(self, b: Batch, metrics: dict):
         mask = b.response_mask
-        if self.algo.name == "ppo":
+        algorithm = adv_fns.ALGORITHMS[self.algo.name]  # suite.core.advantages: the estimator of algo=
+        values = None
+        if algorithm.critic:
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
                 values = self.critic(b.tokens, b.attention_mask, b.start).float()  # [N, R]
-            rewards = torch.zeros_like(mask)  # [N, R]: outcome reward on the last response token
-            last = (b.lengths - 1).clamp(min=0)
-            rewards[torch.arange(len(last)), last] = b.scores
-            advantages, returns = adv_fns.gae_advantages(rewards, values * mask, mask, gamma=self.algo.gamma,
-                                                         lam=self.algo.lam)
             metrics["critic/values/mean"] = masked_mean(values, mask).item()
-            return advantages, returns, values
-        G = self.algo.group_size
-        group_ids = torch.arange(len(b.scores)) // G  # [N]; groups are contiguous
-        return adv_fns.grpo_advantages(b.scores, group_ids, mask, norm_by_std=self.algo.norm_adv_by_std), None, None
+        advantages, returns = algorithm.advantages(b.scores, b.lengths, mask, values, self.algo.group_size, self.algo)
+        return advantages, returns, values
 
     def _grad_probe(self, b: Batch, advantages, prox_logp, metrics: dict) -> None:
         """The naive and TIS policy gradients on the whole batch at the actor before this step's

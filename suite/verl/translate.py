@@ -34,6 +34,7 @@ import re
 from omegaconf import DictConfig
 
 from suite.config import run_id
+from suite.core.advantages import ALGORITHMS
 from suite.core.losses import CORRECTIONS
 from suite.verl import LOSS_PARAMS_ENV
 from suite.verl.aligned import ALIGNED_ENV
@@ -56,7 +57,6 @@ DUAL_CLIP_OFF = 1e9
 # the precision, where the worker extension re-quantizes each sync: read by suite.verl.int8_hook in the vLLM workers
 ROLLOUT_QUANT_ENV = "SUITE_ROLLOUT_QUANT"
 KL_TYPES = {"k1": "k1", "k2": "k2", "k3": "low_var_kl"}  # suite algo.kl_estimator -> verl kl_loss_type
-ADV_ESTIMATORS = {"ppo": "gae", "grpo": "grpo", "dapo": "grpo"}
 
 AR = "actor_rollout_ref"
 # Where each verl key the translator sets comes from: verl key (or a prefix of keys) -> the suite
@@ -257,15 +257,16 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         raise ValueError(f"backend.name={cfg.backend.name!r}: verl overrides need backend=verl")
     b, a, r, c, t = cfg.backend, cfg.algo, cfg.rollout, cfg.correction, cfg.train
     algo, mode = a.name, c.mode
+    critic = ALGORITHMS[algo].critic  # suite.core.advantages: GAE with a value model (ppo)
     model = uaq_model_dir(cfg, run_dir)
     experiment, run_name = mlflow_names(cfg)
     ar = "actor_rollout_ref"
     o: list[str] = [
         # algorithm
-        f"algorithm.adv_estimator={ADV_ESTIMATORS[algo]}",
+        f"algorithm.adv_estimator={ALGORITHMS[algo].verl_estimator}",
         f"algorithm.norm_adv_by_std_in_grpo={_b(a.norm_adv_by_std)}",
         f"algorithm.gamma={_f(a.gamma)}",
-        f"algorithm.lam={_f(a.lam if algo == 'ppo' else 1.0)}",
+        f"algorithm.lam={_f(a.lam if critic else 1.0)}",
         "algorithm.use_kl_in_reward=false",
         # data: local parquet, prompts per step, token budgets
         f"data.train_files={_files(b.train_files)}",
@@ -333,7 +334,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     if b.param_dtype != "bf16":
         mp = f"{{param_dtype:{b.param_dtype},reduce_dtype:fp32,buffer_dtype:fp32}}"
         o += [f"+{ar}.actor.fsdp_config.mixed_precision={mp}", f"+{ar}.ref.fsdp_config.mixed_precision={mp}"]
-        if algo == "ppo":
+        if critic:
             o.append(f"+critic.fsdp.mixed_precision={mp}")
     # precision (suite.verl.rollout_quant)
     q = cfg.quant
@@ -353,7 +354,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     if how == "bypass":
         o.append(f"{rc}.loss_type=ppo_clip")  # verl: PPO clip with pi_theta / pi_rollout
     # algorithm specifics
-    if algo == "ppo":
+    if critic:
         o += [
             "critic.enable=true",
             f"critic.model.path={_q(model)}",
