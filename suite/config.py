@@ -10,24 +10,37 @@ fails in :func:`validate`, before anything runs, naming the full key and the all
 
 from __future__ import annotations
 
+import difflib
 import importlib
-import math
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
 from hydra import compose, initialize
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from suite import recipes, regimes
 from suite.backend import BACKENDS as _BACKEND_PACKAGES
+
+# the backends' sections and the shared value checks (re-exported: the config's API)
+from suite.backend_config import (  # noqa: F401
+    BACKEND_CHECKS,
+    BACKEND_PATHS,
+    BackendConfig,
+    absolute_paths,
+    check_choice,
+    check_number,
+    check_text,
+    register_backend,
+)
 # overrides: parsed and type-checked before and after composing (re-exported: the config's API)
 from suite.overrides import ConfigError, check_override_types, parse_overrides  # noqa: F401
 from suite.overrides import check as _check
+from suite.core.advantages import ALGORITHMS
 from suite.core.losses import CORRECTIONS as _LOSS_REGISTRY
 from suite.core.losses import (TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DELTA_POS, TBPO_SEQ_CAP,
                                TBPO_SEQ_WEIGHT, TBPO_SEQ_WEIGHTS)
@@ -37,7 +50,7 @@ from suite.core.quant import LOW_BIT_PRECISIONS, WINT_BITS, WINT_GROUP_SIZES
 from suite.identity import axes, axes_label, group_key, hardware_pins, identity_tags, resolve_hardware, run_id  # noqa: F401
 
 CORRECTIONS = tuple(_LOSS_REGISTRY)  # suite.core.losses: naive | bypass | tis | acr | tbpo
-ALGOS = ("ppo", "grpo", "dapo")
+ALGOS = tuple(ALGORITHMS)  # suite.core.advantages: ppo | grpo | dapo
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AUTOCASTS = ("auto", "bf16", "fp32")
@@ -49,11 +62,6 @@ BACKENDS = tuple(_BACKEND_PACKAGES)  # backend=...: the backends suite.backend l
 # (suite.embedded.tasks.flawed_response; those a task's traces end with: suite.embedded.tasks.flaw_ops)
 FLAW_OPS: tuple[str, ...] = ("auto", "none", "+", "-", "*", "/")
 MODEL_PRESETS = ("tiny", "small", "base", "large", "wide")
-
-
-@dataclass
-class BackendConfig:
-    name: str = "embedded"  # embedded (pure PyTorch, CPU) | verl (GPU clusters: verl + vLLM, suite.verl)
 
 
 @dataclass
@@ -263,85 +271,11 @@ def _register() -> None:
         cs.store(group="correction", name=mode, node=CorrectionConfig(mode=mode))
     regimes.register(cs)
     recipes.register(cs)
-    cs.store(group="algo", name="grpo", node=AlgoConfig(name="grpo"))
-    # PPO: token-level GAE with a critic (verl: adv_estimator=gae); G responses per prompt like GRPO,
-    # so both see the same rollouts per step and compare at equal cost.
-    cs.store(group="algo", name="ppo", node=AlgoConfig(name="ppo"))
-    # DAPO (arXiv 2503.14476): clip-higher, token-mean, dynamic sampling, overlong shaping, no KL.
-    cs.store(
-        group="algo",
-        name="dapo",
-        node=AlgoConfig(
-            name="dapo", clip_high=0.28, agg="token-mean", dynamic_sampling=True, overlong_buffer=8, kl_coef=0.0
-        ),
-    )
+    for name, algorithm in ALGORITHMS.items():  # suite.core.advantages: each algorithm and its values
+        cs.store(group="algo", name=name, node=AlgoConfig(name=name, **algorithm.config))
 
 
 _register()
-
-# Checks of a backend's own section and of what it needs from the task, run by validate.
-BACKEND_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
-# Each backend's keys under `backend.` that hold local paths (comma-separated lists allowed): a
-# relative one that exists is made absolute at compose (`absolute_paths`), because a run reads
-# them from its own run directory (verl starts there), maybe on a SLURM compute node.
-BACKEND_PATHS: dict[str, tuple[str, ...]] = {}
-
-
-def register_backend(name: str, node: Any, check: Callable[[DictConfig], None], paths: tuple[str, ...] = ()) -> None:
-    """Register backend ``name``'s config section (``backend=<name>``, a ``BackendConfig``
-    or subclass instance), the check :func:`validate` runs on its configs, and its path keys
-    (``BACKEND_PATHS``). Backends call it when their config module is imported
-    (suite.embedded.config, suite.verl.config, listed in ``BACKEND_MODULES`` at the end of this
-    module), so this module imports no backend at its top."""
-    ConfigStore.instance().store(group="backend", name=name, node=node)
-    BACKEND_CHECKS[name] = check
-    BACKEND_PATHS[name] = paths
-
-
-def absolute_paths(value: str) -> str:
-    """``value``, a path or a comma-separated list of them, with each relative one that exists
-    under the working directory made absolute (``~`` expanded). Anything else stays as written:
-    an absolute path, a path that exists only on the compute nodes, a hub id (``Qwen/Qwen2.5-7B``)."""
-    out = []
-    for part in value.split(",") if value else []:
-        p = os.path.expanduser(part.strip())
-        out.append(os.path.abspath(p) if not os.path.isabs(p) and os.path.exists(p) else part)
-    return ",".join(out) if out else value
-
-
-def check_choice(cfg: DictConfig, key: str, allowed: tuple) -> None:
-    value = OmegaConf.select(cfg, key)
-    if value not in allowed:
-        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
-
-
-def check_number(cfg: DictConfig, key: str, lo: float | None = None, hi: float | None = None,
-                 lo_open: bool = False, hi_open: bool = False) -> None:
-    """``key`` is a finite real number in the interval [lo, hi] (open at an end when asked)."""
-    value = OmegaConf.select(cfg, key)
-    def f(x):
-        return str(x) if isinstance(x, int) else f"{x:g}"  # 2**32 in full, 0.5 not 0.500000
-
-    lo_s = "" if lo is None else (f"> {f(lo)}" if lo_open else f">= {f(lo)}")
-    hi_s = "" if hi is None else (f"< {f(hi)}" if hi_open else f"<= {f(hi)}")
-    if lo is not None and hi is not None:
-        domain = f"in {'(' if lo_open else '['}{f(lo)}, {f(hi)}{')' if hi_open else ']'}"
-    else:
-        domain = lo_s or hi_s
-    # a bounded interval implies finite; a one-sided float bound says so (inf > 0 holds)
-    kind = "" if (lo is not None and hi is not None) or isinstance(value, int) else "a finite number "
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and lo is not None:
-        ok = value > lo if lo_open else value >= lo
-    if ok and hi is not None:
-        ok = value < hi if hi_open else value <= hi
-    _check(ok, key, f"must be {kind}{domain}, got {value!r}")
-
-
-def check_text(cfg: DictConfig, key: str) -> None:
-    value = OmegaConf.select(cfg, key)
-    _check(isinstance(value, str) and value.strip() != "", key, f"must be a non-empty string, got {value!r}")
-
 
 # MLflow tracking URI schemes (mlflow.tracking._tracking_service.utils: file, sqlite and the other
 # SQLAlchemy databases, http(s), databricks); a URI without a scheme is a local directory.
@@ -359,8 +293,9 @@ def _check_known_keys(cfg: DictConfig, node: Any = None, prefix: str = "") -> No
     allowed = {f.name for f in fields(kind)}
     for key in node:
         full = f"{prefix}{key}"
-        _check(key in allowed, full, f"unknown key (added with `+`?); the keys of "
-               f"{prefix.rstrip('.') or 'the config'} are: {', '.join(sorted(allowed - {'defaults'}))}")
+        if key not in allowed:  # the closest keys cost a compose: only for a key that is refused
+            _check(False, full, f"unknown key (added with `+`?);{_closest(full, known_keys())} the keys of "
+                   f"{prefix.rstrip('.') or 'the config'} are: {', '.join(sorted(allowed - {'defaults'}))}")
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
             _check_known_keys(cfg, child, f"{full}.")
@@ -473,7 +408,8 @@ def validate(cfg: DictConfig) -> None:
     check_number(cfg, "tracking.console_every", 0)
 
     algo = cfg.algo.name
-    if algo in ("grpo", "dapo"):
+    critic = ALGORITHMS[algo].critic  # token-level advantages against a value model (ppo)
+    if not critic:
         _check(cfg.algo.group_size >= 2, "algo.group_size", f"{algo} normalises rewards within a group: needs >= 2")
     rollouts = cfg.rollout.prompts_per_step * cfg.algo.group_size
     _check(
@@ -483,10 +419,11 @@ def validate(cfg: DictConfig) -> None:
     )
     if cfg.correction.mode == "tbpo":
         _check(
-            algo != "ppo",
+            not critic,
             "correction.mode",
-            "tbpo is a sequence-level objective over outcome advantages; algo=ppo gives token-level "
-            "GAE advantages. Use algo=grpo or algo=dapo with correction=tbpo",
+            f"tbpo is a sequence-level objective over outcome advantages; algo={algo} gives token-level "
+            f"GAE advantages. Use algo={' or algo='.join(a for a in ALGOS if not ALGORITHMS[a].critic)} with "
+            "correction=tbpo",
         )
     if cfg.correction.aligned_forward:
         _check(
@@ -496,7 +433,7 @@ def validate(cfg: DictConfig) -> None:
             f"Choose quant={'|'.join(p for p in PRECISIONS if p != 'fp32')} or set correction.aligned_forward=false",
         )
     if cfg.algo.dynamic_sampling:
-        _check(algo != "ppo", "algo.dynamic_sampling", "filters groups of G responses; not available with algo=ppo")
+        _check(not critic, "algo.dynamic_sampling", f"filters groups of G responses; not available with algo={algo}")
     _check(
         cfg.algo.overlong_buffer < cfg.rollout.max_new_tokens,
         "algo.overlong_buffer",
@@ -542,11 +479,80 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     _check_recipe_backend(parsed)
     GlobalHydra.instance().clear()
     # No config directory: every node comes from the ConfigStore registered above.
-    with initialize(version_base="1.3", config_path=None, job_name="suite"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    GlobalHydra.instance().clear()
+    try:
+        with initialize(version_base="1.3", config_path=None, job_name="suite"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+    except HydraException as exc:
+        if (hint := _typo_hint(str(exc))) is not None:  # the suite's line, then Hydra's own text
+            raise ConfigError(f"{hint}\n{_hydra_text(exc)}") from exc
+        raise
+    finally:
+        GlobalHydra.instance().clear()
     check_override_types(cfg, parsed)
     return finalize(cfg)
+
+
+def _hydra_text(exc: BaseException) -> str:
+    """Hydra's message and its cause's (OmegaConf's reason), less its option list (the suite's line
+    names the options) and its config search path."""
+    text = str(exc)
+    if exc.__cause__ is not None and str(exc.__cause__) not in text:
+        text += f"\n{exc.__cause__}"
+    return text.split("\n\nAvailable options")[0].split("\nConfig search path")[0].rstrip()
+
+
+def known_keys() -> list[str]:
+    """Every dotted key a config can have: the default config's and each backend section's. Only
+    asked when an override names a key that does not exist (`_typo_hint`), so it composes freely."""
+    def dotted(node: DictConfig, prefix: str):
+        for key in node:
+            yield f"{prefix}{key}"
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+                yield from dotted(child, f"{prefix}{key}.")
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize(version_base="1.3", config_path=None, job_name="suite"):
+            keys = set(dotted(compose(config_name="config"), ""))
+    finally:
+        GlobalHydra.instance().clear()
+    for entry in ConfigStore.instance().repo.get("backend", {}).values():
+        keys |= set(dotted(OmegaConf.structured(entry.node), "backend."))
+    return sorted(k for k in keys if not k.endswith("defaults"))
+
+
+def _closest(word: str, candidates: list[str]) -> str:
+    """" did you mean X or Y?" for the candidates nearest to `word` (difflib), or "". A dotted key
+    is compared whole with keys of its depth, and by its last part with every key's last part
+    (`train.stepz` -> `steps`), so a key put in the wrong section is found too."""
+    depth = word.count(".")
+    near = difflib.get_close_matches(word, [c for c in candidates if c.count(".") == depth], n=3, cutoff=0.75)
+    leaf = word.rpartition(".")[2]
+    by_leaf: dict[str, list[str]] = {}
+    for c in candidates:
+        by_leaf.setdefault(c.rpartition(".")[2], []).append(c)
+    for match in difflib.get_close_matches(leaf, list(by_leaf), n=3, cutoff=0.75):
+        near += [c for c in by_leaf[match] if c not in near]
+    return f" did you mean {' or '.join(near[:3])}?" if near else ""
+
+
+def _typo_hint(hydra_message: str) -> str | None:
+    """The closest valid keys or options for Hydra's "Could not override 'KEY'" (an unknown key,
+    whose advice is Hydra's `+KEY=...`, which the suite refuses anyway) and "Could not find
+    'GROUP/OPTION'"; None for any other error."""
+    if m := re.search(r"Could not override '([^']+)'", hydra_message):
+        key = m.group(1)
+        return f"{key}: no such key;{_closest(key, known_keys()) or ' `suite run --cfg job` prints every key'}"
+    if m := re.search(r"Could not find '([^'/]+)/([^']+)'", hydra_message):
+        from suite.hydra_compat import config_groups
+
+        group, option = m.groups()
+        options = config_groups().get(group, [])
+        if not options:
+            return None
+        return f"{group}={option}: no such option;{_closest(option, options)} the options are {', '.join(options)}"
+    return None
 
 
 # The backends' config sections: each `<package>.config` calls register_backend when imported.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
+
 def hydra_refusal(key: str) -> str:
     """Why a `hydra.*` (or `hydra/...`) override is refused, and what does its job here: the suite
     composes its config with Hydra but runs no Hydra app, so Hydra's runner settings would be ignored."""

@@ -2,9 +2,10 @@
 suite.config ``validate`` at compose time: a run that its task's prompts, traces or answers
 cannot serve is refused naming the key, before a run dir or MLflow run exists.
 
-Registered with suite.config ``register_backend`` on import (suite.config imports this module
-last, by name). The bounds come from the task level's own budgets (suite.embedded.tasks
-``LEVELS``, ``HELD_OUT_PROMPTS``, ``FINAL_OPS``), never from drawing prompts, so the check is
+Registered with ``suite.backend_config.register_backend`` on import (suite.config imports this
+module last, by name; it imports suite.backend_config, never suite.config back). The bounds come
+from the task level's own budgets (suite.embedded.tasks ``LEVELS``, ``HELD_OUT_PROMPTS``,
+``FINAL_OPS``), never from drawing prompts, so the check is
 cheap per cell (docs/bench.md, "Measurements behind the code"). Token counts are character
 counts: `CharTokenizer` gives one token per character, and the trainer encodes prompts without
 ``<bos>`` (suite.embedded.trainer).
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from suite.config import BackendConfig, register_backend
+from suite.backend_config import BackendConfig, register_backend
 from suite.overrides import check
 
 TRAIN_POOL = 20_000  # training prompts drawn per run seed (suite.embedded.trainer)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pickle
 
+from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from suite.config import check_override_types, compose_config, finalize
@@ -91,7 +92,11 @@ class CellComposer:
         if base is None:
             # kept pickled: unpickling a DictConfig (types, struct flag and all) is faster than
             # copy.deepcopy of it (docs/bench.md, "Measurements behind the code")
-            base = pickle.dumps(_hydra_compose(group_lines))
+            try:
+                composed = _hydra_compose(group_lines)
+            except HydraException:  # an unknown option: compose_config raises it with the closest options
+                return compose_config(overrides)
+            base = pickle.dumps(composed)
             self.hydra_composes += 1
             self._base[key] = base
         cfg = pickle.loads(base)

@@ -1,7 +1,8 @@
 """The verl backend's config section (``backend=verl``) and what it cannot run (docs/verl.md).
 
-Registered with suite.config ``register_backend`` on import (suite.config imports this
-module last, by name), so that suite.config depends on no backend; nothing here imports verl.
+Registered with ``suite.backend_config.register_backend`` on import (suite.config imports this
+module last, by name, so that it depends on no backend; this module imports suite.backend_config,
+never suite.config back); nothing here imports verl.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import List
 
 from omegaconf import DictConfig
 
-from suite.config import BackendConfig, check_choice, check_number, check_text, register_backend
+from suite.backend_config import BackendConfig, check_choice, check_number, check_text, register_backend
 from suite.overrides import check
 from suite.recipes import RECIPES
 from suite.verl.rollout_quant import (
