@@ -101,3 +101,11 @@ def backend_command(cfg: DictConfig, run_dir: str, overrides: list[str]) -> list
     """argv that runs `cfg` by hand in `run_dir` (a sweep's dry run prints it): `suite run
     <overrides>` for the embedded backend, verl's own trainer command for verl."""
     return list(_module(cfg.backend.name).command(cfg, run_dir, overrides))
+
+
+def backend_missing(cfg: DictConfig) -> str | None:
+    """What this environment lacks to run `cfg` with its backend, in one line (a backend checks
+    where `<package>.backend` defines `missing`); None when nothing is missing. Asked before
+    anything is created: a missing verl was a 55-line traceback after the run dir existed."""
+    module = _module(cfg.backend.name)
+    return module.missing(cfg) if hasattr(module, "missing") else None

@@ -16,27 +16,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 import time
 
+from suite.cli_common import GroupsHelp, compose_or_exit
+
 # Nothing heavy at the top: `suite --help` and the light verbs (`suite status`) must not pay for
 # Hydra's composition or torch, which suite.config imports (its registries live with torch code).
-
-
-def compose_or_exit(overrides: list[str]):
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from suite.config import ConfigError, compose_config
-
-    try:
-        return compose_config(overrides)
-    except (ConfigError, HydraException, OmegaConfBaseException) as exc:
-        msg = str(exc)
-        if exc.__cause__ is not None and str(exc.__cause__) not in msg:
-            msg += f"\n{exc.__cause__}"
-        print(f"suite: bad config: {msg}", file=sys.stderr)
-        sys.exit(2)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -62,7 +49,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _warm_start_only(cfg, progress=not args.no_progress and sys.stderr.isatty())
     rid = run_id(cfg)
     run_dir = os.path.join(cfg.out_dir, rid)
-    if (problem := write_problem(cfg, run_dir)) is not None:  # before the run dir or an MLflow run exists
+    from suite.backend import backend_missing
+
+    if (problem := backend_missing(cfg) or write_problem(cfg, run_dir)) is not None:  # before anything exists
         print(f"suite run: {problem}", file=sys.stderr)
         return 2
     print(f"suite run {rid}\n  run dir: {run_dir}\n  tracking: {cfg.tracking.tracking_uri} "
@@ -86,6 +75,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except RunLockedError as exc:  # the holder's MLflow run is its own: leave it alone
         print(f"suite: run dir busy: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C (or SIGINT): one line, the run KILLED, how to go on
+        return _interrupted(cfg, run_dir, getattr(args, "argv", None))
     except Exception as exc:
         from suite.tracking.fscheck import env_fault, fault_line
 
@@ -130,6 +121,27 @@ def write_problem(cfg, run_dir: str) -> str | None:
         if (problem := writable_problem(path, what, is_dir=True)) is not None:
             return problem
     return None
+
+
+def _interrupted(cfg, run_dir: str, argv: list[str] | None) -> int:
+    """After Ctrl-C: end the run's MLflow run KILLED (bounded: an unreachable server costs seconds),
+    and print one line with the command that resumes it. A second Ctrl-C skips the marking."""
+    from suite.launch.guard import end_runs
+    from suite.tracking.loggers import resolve_tracking_uri
+    from suite.tracking.rundir import recorded_mlflow_run_id
+
+    marked = ""
+    notes: list[str] = []
+    if (rid := recorded_mlflow_run_id(run_dir)) is not None:
+        try:
+            if end_runs(resolve_tracking_uri(cfg.tracking.tracking_uri), [rid], "KILLED", out=notes.append):
+                marked = f"; MLflow run {rid} marked KILLED"
+        except KeyboardInterrupt:
+            notes.append(f"MLflow run {rid} left as it was (interrupted again)")
+    command = "suite " + shlex.join(argv) if argv else "the same `suite run` command"
+    print(f"suite run: interrupted{marked}{' (' + '; '.join(notes) + ')' if notes else ''}. Resume from the "
+          f"last checkpoint ({_last_checkpoint(run_dir)}) with: {command}", file=sys.stderr, flush=True)
+    return 130
 
 
 def _last_checkpoint(run_dir: str) -> str:
@@ -196,23 +208,6 @@ Several runs (Hydra's -m, key=a,b) are a sweep file: `suite sweep FILE`.
 """
 
 
-class _RunHelp(argparse.Action):
-    """`suite run -h`: the usage, then each config group and its options (composing them costs a
-    Hydra initialisation, so only when asked)."""
-
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
-        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser.print_help()
-        print("\nconfig groups (GROUP=OPTION; then any key, e.g. uaq.s=1.0, as `--cfg job` prints them):")
-        from suite.hydra_compat import config_groups
-
-        for group, options in config_groups().items():
-            print(f"  {group:<11} {' | '.join(options)}")
-        parser.exit()
-
-
 def cmd_sync(args: argparse.Namespace) -> int:
     from suite.tracking.loggers import resync_cli
 
@@ -225,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run one experiment (Hydra overrides as arguments)", add_help=False,
                            description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p_run.add_argument("-h", "--help", action=_RunHelp, help="show this help and the config groups, and exit")
+    p_run.add_argument("-h", "--help", action=GroupsHelp, help="show this help and the config groups, and exit")
     p_run.add_argument("--cfg", nargs="?", const="job", metavar="{job,hydra,all}",
                        help="print the config and exit: job (the run's, the default), hydra (Hydra's), all")
     p_run.add_argument("-m", "--multirun", action="store_true",
@@ -261,9 +256,21 @@ _PLUGINS: tuple[str, ...] = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # options may sit among the overrides (`suite run model=tiny --no-progress steps=5`), which one
+    # argparse pass cannot split: the overrides after an option come back as extras
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
+    args.argv = argv  # what resume hints repeat
+    if extra:
+        if not isinstance(getattr(args, "overrides", None), list) or any(e.startswith("-") for e in extra):
+            parser.parse_args(argv)  # argparse's own error for what is unknown
+        args.overrides += extra
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # before a verb has anything to stop: nothing to say but that
+        print(f"suite {args.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         # a file system fault (full, read-only, permission) in any verb: one line, not a traceback.
         # export, uaq, data prepare and a run's records write temporary names renamed when complete,

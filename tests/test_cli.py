@@ -67,6 +67,30 @@ def test_run_help_lists_every_config_group_and_its_options(capsys):
     assert groups["backend"] == "embedded | verl" and groups["task"] == "arith | word" and groups["regime"] == "paper"
 
 
+@pytest.mark.parametrize("verb", ["run", "sweep", "status", "cancel", "eval"])
+def test_every_verb_taking_overrides_lists_the_groups_from_a_fresh_process(verb):
+    # a fresh interpreter: in-process, this module has imported suite.config (which registers the
+    # groups) already, which once hid an empty listing under `suite run -h`
+    proc = subprocess.run([sys.executable, "-m", "suite.cli", verb, "-h"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    groups = dict(re.findall(r"^  (\w+) +(\S.*)$", proc.stdout.split("\nconfig groups")[1], flags=re.M))
+    assert groups["quant"] == "bf16 | fp32 | fp8 | int8 | w4a16 | wa16", groups
+    assert groups["algo"] == "dapo | grpo | ppo", groups
+    assert "docs/config.md" in proc.stdout
+
+
+def test_options_may_sit_among_the_overrides(capsys):
+    from omegaconf import OmegaConf
+
+    code, out, _ = _run(capsys, "run", "--cfg", "job", "model=small", "--no-progress", "seed=3", "uaq.s=1.0")
+    cfg = yaml.safe_load(out)
+    assert code == 0 and cfg["model"]["preset"] == "small" and cfg["seed"] == 3 and cfg["uaq"]["s"] == 1.0
+    assert cfg == OmegaConf.to_container(compose_config(["model=small", "seed=3", "uaq.s=1.0"]), resolve=True)
+    code, _, err = _run(capsys, "run", "seed=3", "--bogus", "uaq.s=1.0")
+    assert code == 2 and "unrecognized arguments: --bogus" in err
+
+
 def test_help_texts_speak_to_users_not_about_internals(capsys):
     texts = []
     for verb in ([], ["run"], ["sweep"], ["status"], ["cancel"], ["report"], ["bench"], ["tune"], ["sync"], ["uaq"]):

@@ -209,7 +209,7 @@ def run_config(run_dir: str | os.PathLike):
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from suite.cli import compose_or_exit
+    from suite.cli_common import compose_or_exit
 
     try:
         if args.run is not None:

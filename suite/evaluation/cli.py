@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from suite.cli_common import GroupsHelp
 from suite.evaluation import CHECKPOINTS, ENGINES, EvalError, log_to_mlflow, read_results, write_results
 
 EVAL_HELP = """Score a trained policy per benchmark, the papers' way: in bf16 (and the run's rollout engine).
@@ -239,7 +240,9 @@ def _eval_on_slurm(sweep, finished, args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("eval", help="score trained policies per benchmark (bf16 and the rollout engine)",
-                              description=EVAL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=EVAL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              add_help=False)
+    p.add_argument("-h", "--help", action=GroupsHelp, help="show this help and the config groups, and exit")
     p.add_argument("target", metavar="RUN_DIR|SWEEP_FILE", help="a run's directory, or a sweep file (its finished "
                    "cells)")
     p.add_argument("overrides", nargs="*", help="a sweep file's overrides, as given to `suite sweep`")

@@ -159,6 +159,8 @@ def test_a_failed_verl_run_from_suite_run_ends_its_mlflow_run_failed(tiny_qwen2,
                  f"backend.val_files={tmp_path / 'v.parquet'}", f"out_dir={tmp_path / 'runs'}",
                  f"tracking.tracking_uri=sqlite:///{db}", "quant=bf16", "uaq.s=1.0"]
     monkeypatch.setattr(runner, "run", functools.partial(runner.run, env={}, execute=lambda *a: 3))
+    # verl's trainer is a stand-in here (it exits 3), so the environment needs no vLLM for it
+    monkeypatch.setattr("suite.verl.backend.missing", lambda cfg: None)
     with pytest.raises(RuntimeError, match="verl exited with status 3"):
         main(["run", "--no-progress", *overrides])
     client = MlflowClient(f"sqlite:///{db}")

@@ -72,9 +72,16 @@ def test_a_verl_run_of_a_run_dir_another_process_writes_is_refused(tiny_qwen2, t
         run(cfg, str(run_dir), env={}, execute=lambda *a: pytest.fail("must not launch verl"))
     assert sorted(os.listdir(run_dir)) == [LOCK_FILE]  # no MLflow record, no script, no summary
     assert not (tmp_path / "mlflow.db").exists()  # no MLflow run was made
-    # the command: exit 2 naming the holder, no traceback
+    # the command: exit 2 naming the holder, no traceback. `suite run` first looks up verl and vLLM for
+    # backend.python; this environment has no vLLM, so an empty stand-in package is put on its path: it is
+    # found, never imported (the lock refuses before verl would start)
+    stand_in = tmp_path / "site"
+    (stand_in / "vllm").mkdir(parents=True)
+    (stand_in / "vllm" / "__init__.py").write_text("raise ImportError('a stand-in: only found, never imported')\n")
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(stand_in), os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, "-m", "suite.cli", "run", *overrides], capture_output=True, text=True,
-                         timeout=300, env=dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+                         timeout=300, env=env)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "run dir busy" in out.stderr and f"pid {p.pid}" in out.stderr and "Traceback" not in out.stderr
     assert sorted(os.listdir(run_dir)) == [LOCK_FILE] and not (tmp_path / "mlflow.db").exists()
