@@ -57,6 +57,9 @@ class Recipe:
     val_data: tuple[str, ...] = ()  # `suite data prepare` names of the held-out sets
     gpus: str = ""  # what the paper (or its recipe) trained on
     gpu_hours: str = ""  # expected cost of one run on H100s, and how it was estimated
+    # the same as a (low, high) range of H100-hours for one run of the recipe's steps: the dry run's
+    # estimate (suite.sweep.estimate); () = none
+    h100_hours: tuple[float, float] = ()
     groups: dict[str, str] = field(default_factory=dict)  # group choices (backend, algo, quant, correction)
     values: dict[str, Value] = field(default_factory=dict)  # dotted run-config key -> value
     # per-node SLURM resources for this model size: timeout_min, cpus_per_task, mem_gb
@@ -116,6 +119,7 @@ RECIPES: dict[str, Recipe] = {
         val_data=("gsm8k",),
         gpus="1 node x 4 GPUs (" + at(FLASHRL_GSM8K, 50, 52) + ")",
         gpu_hours="~10-20 H100-hours per run: our rough estimate (435 steps of a 0.5B model on 4 GPUs), not measured",
+        h100_hours=(10, 20),
         groups={"backend": "verl", "algo": "ppo"},
         values={
             "backend.dataset": Value("gsm8k", QURL + " Table 1 (2nd-hand)"),
@@ -160,6 +164,7 @@ RECIPES: dict[str, Recipe] = {
         gpus="8 nodes x 8 GPUs (" + at(VERL_DAPO_7B, 33, 34) + ")",
         gpu_hours=("~5,000 H100-hours per 1,000 steps: our rough estimate (8,192 responses of ~3K tokens a step at "
                    "~2.5K tokens/s per GPU, rollout about half the step, 64 GPUs), not measured"),
+        h100_hours=(5000, 5000),
         groups={"backend": "verl", "algo": "dapo"},
         values={
             "backend.dataset": Value("dapo-math-17k", QURL + " Table 2 (2nd-hand)"),
@@ -227,6 +232,8 @@ RECIPES: dict[str, Recipe] = {
         gpus="1 node x 8 GPUs (" + at(DEEPSCALER, 62, 63) + ", for the 1.5B model)",
         gpu_hours=("DeepScaleR reports ~3,800 A100-hours for its three 1.5B stages (8K, 16K, 24K); a 7B 8K stage of "
                    "1,040 steps: our rough estimate ~4x the 1.5B's 8K stage, not measured"),
+        # the 8K stage as a quarter to a half of the 3,800 A100-hours, x4 for 7B, A100 ~ H100 / 2..3
+        h100_hours=(2000, 4000),
         groups={"backend": "verl", "algo": "grpo"},
         values={
             "backend.dataset": Value("deepscaler", QURL + " Table 3 (2nd-hand)"),
@@ -275,6 +282,7 @@ RECIPES: dict[str, Recipe] = {
         val_data=("aime24", "aime25", "amc", "math500", "minerva", "olympiadbench"),
         gpus="1 node x 8 H800 (" + QARL + " Table 2)",
         gpu_hours="not stated by the paper; ~1,000 H100-hours for 300 steps of 1.5B: our rough estimate, not measured",
+        h100_hours=(1000, 1000),
         groups={"backend": "verl", "algo": "grpo", "quant": "w4a16", "correction": "tbpo"},
         values={
             "backend.dataset": Value("openr1-math-46k", QARL + " (2nd-hand): OpenR1-Math-46K"),

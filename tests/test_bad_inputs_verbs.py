@@ -11,6 +11,7 @@ as a real `python -m suite.cli` process.
 from __future__ import annotations
 
 import json
+import importlib.util
 import os
 import subprocess
 import sys
@@ -55,6 +56,11 @@ _sweep("sweep matrix", [
     ("matrix: {}\n", ["matrix is empty"]),
     ("matrix: {seed: [0, 1, 2]}\nlauncher: {max_cells: 2}\n", ["3 cells", "max_cells"]),
 ])
+# a cell's backend package missing here (this environment has verl, not vLLM: the README's install)
+if importlib.util.find_spec("vllm") is None:
+    _sweep("sweep file", [("name: bad\nbase: [backend=verl, backend.model_path=/m, backend.train_files=/t, "
+                           "backend.val_files=/v, quant=int8]\nmatrix: {seed: [0]}\n",
+                           ["cell 0", "backend=verl needs vllm", "nothing was submitted"])], base=False)
 _sweep("sweep file", [
     ("matrix: {seed: [0]}\nbogus: 1\n", ["bogus", "allowed"]),
     ("name: ''\n" + _BASE + "matrix: {seed: [0]}\n", ["name", "required"]),
@@ -194,6 +200,10 @@ _flags("sweep/status/cancel flags", [
     (["sweep", "FILE", "launcher.poll_s=-1"], ["poll_s", "-1"]),
     (["sweep", "FILE", "resources.timeout_min=0"], ["timeout_min", "0"]),
     (["sweep", "nosuch.yaml"], ["nosuch.yaml", "no such sweep file"]),
+    (["sweep", "FILE", "--only", "nosuch=1"], ["--only", "'nosuch' is not an axis", "seed"]),
+    (["sweep", "FILE", "--only", "seed=7"], ["--only", "seed=7 is in no cell", "its values: 0"]),
+    (["sweep", "FILE", "--only", "seed"], ["--only", "KEY=VALUE"]),
+    (["sweep", "FILE", "seed=1"], ["seed=1", "matrix axis", "--only seed=1"]),
     (["status", "FILE", "--max-parallel", "0"], ["max_parallel", "0"]),
     (["status", "nosuch.yaml"], ["nosuch.yaml"]),
     (["cancel", "nosuch.yaml"], ["nosuch.yaml"]),

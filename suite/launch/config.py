@@ -15,7 +15,10 @@ MAX_POLL_S = 86_400.0  # the longest poll interval a driver accepts (seconds): o
 @dataclass
 class LauncherConfig:
     name: str = "local"  # local (this machine, submitit LocalExecutor) | slurm (submitit job arrays)
-    max_parallel: int = 2  # runs at once: local processes, or the SLURM array's %N throttle
+    max_parallel: int = 2  # local launcher: runs at once on this machine (a SLURM array: array_parallelism)
+    # slurm: array tasks running at once (the array's %N); default the cluster profile's array_parallelism
+    # (its cap), so a cluster sweep runs as wide as the profile allows; `--max-parallel N` sets it too
+    array_parallelism: Optional[int] = None
     profile: str = DEFAULT_PROFILE  # slurm: profile name in slurm/profiles/ (or a path to a .yaml)
     poll_s: float = 5.0  # seconds between job-state polls while waiting
     progress_s: float = 30.0  # seconds between aggregate lines while waiting without a terminal (a bar on one)

@@ -7,6 +7,8 @@ import argparse
 import shlex
 import sys
 
+from suite.cli_common import GroupsHelp
+
 HELP = """Run a sweep file's matrix of runs, show its state, or cancel it.
 
     suite sweep experiments/quickstart.yaml --dry-run        # the expanded matrix; submits nothing
@@ -47,10 +49,16 @@ def _load(args: argparse.Namespace):
     if getattr(args, "max_cells", None) is not None:
         extra.append(f"launcher.max_cells={args.max_cells}")
     try:
-        return load_sweep(args.file, extra, recorded=args.kind == "status")  # status: what the last launch submitted
+        # status: what the last launch submitted
+        return load_sweep(args.file, extra, recorded=args.kind == "status", only=getattr(args, "only", None) or ())
     except SweepError as exc:
         print(f"suite: bad sweep: {exc}", file=sys.stderr)
         sys.exit(2)
+
+
+def parallelism(sweep) -> int:
+    """Cells running at once: local processes, or the SLURM array's %N."""
+    return sweep.launcher.array_parallelism if sweep.launcher.name == "slurm" else sweep.launcher.max_parallel
 
 
 def print_matrix(sweep, stream=None) -> None:
@@ -63,17 +71,51 @@ def print_matrix(sweep, stream=None) -> None:
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     launcher = sweep.launcher.name + (f" (profile {sweep.launcher.profile})" if sweep.launcher.name == "slurm" else "")
     print(f"sweep {sweep.name}: {len(sweep.cells)} cells, launcher {launcher}, "
-          f"at most {sweep.launcher.max_parallel} at once; state {sweep.state_dir}", file=stream)
+          f"at most {parallelism(sweep)} at once; state {sweep.state_dir}", file=stream)
     if sweep.resources_note:
         from dataclasses import asdict
 
         shown = ", ".join(f"{k}={v}" for k, v in asdict(sweep.resources).items() if v is not None)
         print(f"{sweep.resources_note}: {shown or 'the profile as is'}", file=stream)
     print(fmt.format(*header), file=stream)
+    slurm = sweep.launcher.name == "slurm"
     for c, r in zip(sweep.cells, rows):
         print(fmt.format(*r), file=stream)
-        print(f"    $ {shlex.join(c.command())}", file=stream)
+        # on SLURM each job runs `suite run` with the cell's overrides; the backend's own command
+        # (verl's main_ppo line, hundreds of characters) is in the preview file
+        print(f"    $ {shlex.join(['suite', 'run', *c.overrides]) if slurm else shlex.join(c.command())}", file=stream)
+    from suite.sweep.estimate import estimate_lines
+
+    for line in estimate_lines(sweep, parallelism(sweep)):
+        print(line, file=stream)
+    if slurm:
+        preview = write_preview(sweep)
+        print(f"preview: {preview}/sbatch.sh (the script sbatch gets) and {preview}/commands.sh (each cell's "
+              f"command as its job runs it)", file=stream)
     print(f"dry run: nothing submitted ({len(sweep.cells)} cells validated)", file=stream, flush=True)
+
+
+def write_preview(sweep) -> str:
+    """`<state dir>/dry-run/`: the sbatch script of the array and each cell's backend command.
+    Only these files: no lock, no record of a launch, nothing a later `suite sweep` reads."""
+    from pathlib import Path
+
+    from suite.launch.executors import sbatch_preview
+    from suite.sweep.states import SUBMITIT_DIR
+    from suite.tracking.rundir import atomic_write_text
+
+    folder = Path(sweep.state_dir) / "dry-run"
+    folder.mkdir(parents=True, exist_ok=True)
+    script = sbatch_preview(sweep.launcher, Path(sweep.state_dir) / SUBMITIT_DIR, len(sweep.cells), sweep.resources,
+                            job_name=sweep.name, sweep_path=sweep.path)
+    atomic_write_text(folder / "sbatch.sh", script)
+    lines = ["#!/usr/bin/env bash", f"# {sweep.name}: what each array task of `{sweep.path}` runs (dry run; "
+             "a job runs `suite run` with the cell's overrides, which runs this)"]
+    for c in sweep.cells:
+        lines += [f"\n# cell {c.index}: {' '.join(f'{k}={v}' for k, v in c.axes.items())}  ({c.run_id})",
+                  shlex.join(c.command())]
+    atomic_write_text(folder / "commands.sh", "\n".join(lines) + "\n")
+    return str(folder)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -140,8 +182,9 @@ def register(subparsers) -> None:
              ("status", cmd_status, "state of each cell of a sweep"),
              ("cancel", cmd_cancel, "cancel a sweep's queued and running jobs"))
     for name, func, text in verbs:
-        p = subparsers.add_parser(name, help=text, description=HELP,
+        p = subparsers.add_parser(name, help=text, description=HELP, add_help=False,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("-h", "--help", action=GroupsHelp, help="show this help and the config groups, and exit")
         _options(p, name)
         p.add_argument("file", help="sweep file, e.g. experiments/quickstart.yaml (status/cancel: with the "
                                     "same overrides it was launched with)")
@@ -155,8 +198,12 @@ def _options(p: argparse.ArgumentParser, kind: str) -> None:
         p.add_argument("--dry-run", action="store_true", help="print the expanded matrix and commands; submit nothing")
         p.add_argument("--retry-failed", action="store_true", help="re-submit failed cells too")
         p.add_argument("--wait", action="store_true", help="slurm: wait for the array and print each result")
+        p.add_argument("--only", action="append", metavar="KEY=V1,V2",
+                       help="only the cells whose matrix axis KEY has one of these values (repeatable), e.g. "
+                            "--only seed=0; a later launch without it adds the other cells")
     p.add_argument("--launcher", choices=("local", "slurm"), help="= launcher=NAME")
     p.add_argument("--profile", help="slurm cluster profile in slurm/profiles/ (= cluster=NAME)")
-    p.add_argument("--max-parallel", type=int, help="runs at once (= launcher.max_parallel=N)")
+    p.add_argument("--max-parallel", type=int, help="runs at once: local processes, or the SLURM array's %%N "
+                                                    "(default there: the cluster profile's array_parallelism)")
     p.add_argument("--max-cells", type=int, help="largest matrix accepted, in cells (= launcher.max_cells=N; "
                                                  "default 10000)")

@@ -8,6 +8,7 @@ MLflow parent run), `suite.launch.guard` (a driver that stops early) and `suite.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -18,10 +19,10 @@ import time
 from pathlib import Path
 
 from suite.identity import run_name
-from suite.launch.executors import make_executor
+from suite.launch.executors import controller_stderr, make_executor
 from suite.launch.guard import Driver, job_target, pid_target
 from suite.sweep.parent import log_parent_artifacts, parent_run, record_parent_status
-from suite.sweep.spec import Cell, Sweep, SweepError
+from suite.sweep.spec import Cell, Sweep, SweepError, overrides_changed, read_record, sweep_command
 from suite.launch.slurm import SLURM_RUNNING, pid_alive, sacct, slurm_problem
 from suite.sweep.states import (
     JOBS_FILE,
@@ -58,10 +59,11 @@ def _submit(sweep: Sweep, executor, cells: list[Cell], parent_id: str) -> dict[i
         c = cells[0]
         if slurm:  # one job is named at submission; only an array's tasks need renaming
             executor.update_parameters(job_name=task_name(sweep, c))
-        jobs = [executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id, _cell_tags(sweep, c), uri,
-                                run_name(c.cfg, c.axes))]
+        with controller_stderr(executor):
+            jobs = [executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id, _cell_tags(sweep, c), uri,
+                                    run_name(c.cfg, c.axes))]
     else:
-        with executor.batch():
+        with controller_stderr(executor), executor.batch():
             for c in cells:
                 jobs.append(executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id,
                                             _cell_tags(sweep, c), uri, run_name(c.cfg, c.axes)))
@@ -125,6 +127,8 @@ def launch(sweep: Sweep, *, retry_failed: bool = False, wait: bool | None = None
 
     if sweep.launcher.name == "slurm" and (problem := slurm_problem()) is not None:
         raise SweepError(problem)
+    _refuse_other_overrides(sweep)
+    _refuse_missing_backend(sweep)
     try:  # before anything is created: a sweep that cannot record its parent run does not start
         check_store(resolve_tracking_uri(sweep.tracking_uri), verb="suite sweep")
     except StoreUnreachable as exc:
@@ -135,9 +139,42 @@ def launch(sweep: Sweep, *, retry_failed: bool = False, wait: bool | None = None
     except RunLockedError as exc:
         raise SweepError(f"{sweep.path}: another `suite sweep` drives this sweep: {exc}") from None
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the guard stopped the jobs and ended their runs
-        print(f"\ninterrupted: run `suite sweep {sweep.path}` again to finish what is missing",
-              file=stream or sys.stdout, flush=True)
+        print(f"\ninterrupted: finish what is missing with: {sweep_command(sweep)}", file=stream or sys.stdout,
+              flush=True)
         return 130
+
+
+def _refuse_missing_backend(sweep: Sweep) -> None:
+    """A cell's backend package missing where it will run: here for the local launcher, and on
+    SLURM where the profile's `setup` does not change the environment (the jobs then run this
+    interpreter's packages)."""
+    from suite.backend import backend_missing
+
+    if sweep.launcher.name == "slurm" and sweep.profile is not None and sweep.profile.setup:
+        return
+    seen = set()
+    for c in sweep.cells:
+        key = (c.cfg.backend.name, str(c.cfg.backend.get("python", "")))
+        if key in seen:
+            continue
+        seen.add(key)
+        if (problem := backend_missing(c.cfg)) is not None:
+            raise SweepError(f"cell {c.index}: {problem}; nothing was submitted")
+
+
+def _refuse_other_overrides(sweep: Sweep) -> None:
+    """A sweep's state dir holds one set of cells: relaunching with other cell overrides would mix
+    two sweeps' records there (and follow a resume hint into a different, long sweep)."""
+    found = read_record(sweep.state_dir)
+    if found is None:
+        return
+    before = list(found[0].get("cli_overrides") or [])
+    if not (diff := overrides_changed(before, sweep.cli_overrides)):
+        return
+    was = dataclasses.replace(sweep, cli_overrides=before, only=list(found[0].get("only") or []))
+    raise SweepError(f"{sweep.path}: its state dir {sweep.state_dir} holds a launch with other overrides ({diff}). "
+                     f"Resume that sweep with: {sweep_command(was)}; or give this one its own state and run dirs "
+                     f"with out_dir=DIR")
 
 
 def _launch(sweep: Sweep, *, retry_failed: bool, wait: bool | None, stream) -> int:
@@ -203,7 +240,7 @@ def _drive(sweep: Sweep, folder: Path, todo: list[CellState], live: dict, parent
                   f"(profile {sweep.launcher.profile}, at most {executor.parameters.get('array_parallelism')} at once)",
                   file=stream, flush=True)
         if not wait:
-            print(f"follow it with: suite status {sweep.path}", file=stream, flush=True)
+            print(f"follow it with: {sweep_command(sweep, 'status')}", file=stream, flush=True)
             return 3
         todo = []
     return _wait(sweep, executor, todo, live, parent, stream, drv)

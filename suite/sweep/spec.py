@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import shlex
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
@@ -104,6 +105,27 @@ def launch_hash(text: str, cli_overrides: list[str]) -> str:
     return hashlib.sha256(json.dumps([text, list(cli_overrides)]).encode()).hexdigest()
 
 
+def sweep_command(sweep: "Sweep", verb: str = "sweep") -> str:
+    """The command that launches (`sweep`), shows (`status`) or cancels this very sweep: its file
+    (relative to the working directory when below it) with the overrides, and for `sweep` the
+    `--only` narrowing, it was given."""
+    rel = os.path.relpath(sweep.path)
+    path = rel if not rel.startswith("..") else sweep.path
+    only = [f"--only={o}" for o in sweep.only] if verb == "sweep" else []
+    return "suite " + shlex.join([verb, path, *sweep.cli_overrides, *only])
+
+
+def overrides_changed(before: list[str], now: list[str]) -> str:
+    """How the cells' overrides on the command line differ ("" when they do not): keys added,
+    dropped or given another value; launcher, cluster and resources overrides are not compared
+    (resuming with more parallelism is fine)."""
+    b = {override_key(x): x for x in split_overrides(before)[0]}
+    n = {override_key(x): x for x in split_overrides(now)[0]}
+    parts = [f"{n[k]} (was {b[k]})" for k in n if k in b and n[k] != b[k]]
+    parts += [f"{n[k]} (new)" for k in n if k not in b] + [f"no {b[k]}" for k in b if k not in n]
+    return "; ".join(parts)
+
+
 def read_record(state_dir: str) -> Optional[tuple[dict, list[RecordedCell]]]:
     """The last launch's record in `state_dir` (`matrix.json`) and its cells; None when there is
     none or it cannot be read (then the cells are composed)."""
@@ -166,6 +188,11 @@ class Sweep:
     launch_note: str = ""
     # where the per-job resources came from, when not simply the file's over the profile's (verl cells)
     resources_note: str = ""
+    # `--only KEY=V1,V2`: the matrix narrowed to these axis values (cells keep their indices in the full matrix)
+    only: List[str] = None  # type: ignore[assignment]
+
+    def __post_init__(self):
+        self.only = list(self.only or [])
 
     def matrix_rows(self) -> list[dict[str, str]]:
         rows = []
@@ -179,6 +206,7 @@ class Sweep:
         return json.dumps({"name": self.name, "file": self.path, "cli_overrides": self.cli_overrides,
                            "state_dir": self.state_dir, "tracking_uri": self.tracking_uri,
                            "experiment": self.experiment, "launch_hash": launch_hash(self.text, self.cli_overrides),
+                           "only": self.only,
                            "launcher": asdict(self.launcher), "resources": asdict(self.resources),
                            "cells": [{"index": c.index, "axes": c.axes, "config_axes": c.config_axes,
                                       "run_id": c.run_id, "run_dir": c.run_dir, "overrides": c.overrides,
@@ -320,7 +348,7 @@ def _expand(path: str, matrix: Any, include: Any, exclude: Any,
 
 
 def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), *,
-               recorded: bool = False) -> Sweep:
+               recorded: bool = False, only: list[str] | tuple[str, ...] = ()) -> Sweep:
     """Read a sweep file, expand its matrix, compose and validate every cell.
 
     `overrides` (the command line after the file) apply to every cell; `launcher=...`,
@@ -331,6 +359,9 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     cells its last launch recorded in the state dir (run ids and run dirs as submitted), none of
     them composed; when the file or the overrides differ from the launch's, `launch_note` says so.
     A sweep never launched (or with an unreadable record) is composed as `suite sweep` does.
+
+    `only` (`--only KEY=V1,V2`, repeatable) keeps the cells whose axis KEY has one of the values;
+    they keep their indices in the full matrix, so a later full launch shares their state.
     """
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
@@ -360,7 +391,8 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     if launcher.name not in LAUNCHERS:
         raise SweepError(f"{path}: launcher.name={launcher.name!r} is not a launcher; "
                          f"choose one of: {', '.join(LAUNCHERS)}")
-    check_positive(f"{path}: launcher", launcher, ("max_parallel", "poll_s", "progress_s", "max_cells"))
+    check_positive(f"{path}: launcher", launcher, ("max_parallel", "poll_s", "progress_s", "max_cells")
+                   + (("array_parallelism",) if launcher.array_parallelism is not None else ()))
     if launcher.poll_s > MAX_POLL_S:  # time.sleep overflows past ~1e9 s: the driver would die mid-sweep
         raise SweepError(f"{path}: launcher.poll_s={launcher.poll_s!r} must be <= {MAX_POLL_S:g} (one day)")
     if launcher.max_requeue < 0:
@@ -380,6 +412,10 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
             profile, profile_path = load_profile(launcher.profile, path)
         except SweepError as exc:
             raise SweepError(f"{path}: {exc}") from None
+        if launcher.array_parallelism is None:  # the file's max_parallel sizes the laptop, not the cluster
+            launcher.array_parallelism = launcher.max_parallel if "max_parallel" in cli_launcher \
+                else profile.array_parallelism
+        launcher.array_parallelism = min(launcher.array_parallelism, profile.array_parallelism)
 
     base = _base_overrides(f"{path}: base", data.get("base"))
     keys, raw_cells = _expand(path, data.get("matrix"), data.get("include"), data.get("exclude"), launcher.max_cells)
@@ -391,17 +427,21 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
                              f"(an include entry may override a base value for its cells)")
     for line in cli_cfg:
         if override_key(line) in {override_key(k) for k in keys}:
-            raise SweepError(f"{path}: override {line!r} sets the matrix axis {override_key(line)!r}; "
-                             f"edit the file's matrix instead")
+            raise SweepError(f"{path}: override {line!r} sets the matrix axis {override_key(line)!r}; narrow the "
+                             f"axis with --only {line} (values of the matrix), or edit the file's matrix")
     # CLI overrides replace base entries of the same key; the rest are appended.
     cli_keys = {override_key(line) for line in cli_cfg}
     common = [b for b in base if override_key(b) not in cli_keys] + cli_cfg
+
+    raw_cells = _narrow(path, keys, raw_cells, list(only))
+    matrix_index = [i for i, _ in raw_cells]
+    raw_cells = [values for _, values in raw_cells]
 
     def shell(state_dir: str, tracking_uri: str, experiment: str) -> Sweep:
         return Sweep(name=name, path=path, text=text, description=description, launcher=launcher,
                      resources=resources, profile=profile, profile_path=profile_path, axis_keys=keys,
                      cli_overrides=list(overrides), cells=[], state_dir=state_dir, tracking_uri=tracking_uri,
-                     experiment=experiment)
+                     experiment=experiment, only=list(only))
 
     if recorded:  # what the last launch submitted is the truth
         found = _recorded_sweep(name, text, list(overrides), _cell_overrides(common, raw_cells[0]), shell)
@@ -443,7 +483,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
                              f"the keys that differ do not change the run (e.g. threads, tracking.*)")
         seen[rid] = i
         run_dir = os.path.abspath(os.path.join(os.path.expanduser(cfg.out_dir), rid))
-        cells.append(Cell(index=i, overrides=ov, axes={k: _unquote(v) for k, v in values.items()},
+        cells.append(Cell(index=matrix_index[i], overrides=ov, axes={k: _unquote(v) for k, v in values.items()},
                           cfg=cfg, run_id=rid, run_dir=run_dir))
 
     first = cells[0].cfg
@@ -467,7 +507,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
                  resources=resources, profile=profile, profile_path=profile_path, axis_keys=keys,
                  cli_overrides=list(overrides), cells=cells, state_dir=state_dir,
                  tracking_uri=first.tracking.tracking_uri, experiment=first.tracking.experiment,
-                 resources_note=resources_note)
+                 resources_note=resources_note, only=list(only))
 
 
 def _cluster_shape(ov: list[str], cfg, resources: Resources, profile: SlurmProfile, profile_name: str) -> list[str]:
@@ -546,6 +586,28 @@ def _recorded_sweep(name: str, text: str, overrides: list[str], first_overrides:
                              f"read: {os.path.join(state_dir, 'sweep.yaml')}). "
                              f"`suite sweep` launches the file as it is now")
     return sweep
+
+
+def _narrow(path: str, keys: list[str], raw_cells: list[dict[str, str]], only: list[str]) -> list[tuple[int, dict]]:
+    """The cells `--only KEY=V1,V2` keeps, each with its index in the full matrix."""
+    cells = list(enumerate(raw_cells))
+    for item in only:
+        key, eq, values = item.partition("=")
+        if not eq or not key or not values:
+            raise SweepError(f"--only {item!r}: give KEY=VALUE or KEY=V1,V2 (an axis of the matrix: {', '.join(keys)})")
+        if key not in keys:
+            raise SweepError(f"{path}: --only {item!r}: {key!r} is not an axis of the matrix; its axes: "
+                             f"{', '.join(keys)}")
+        wanted = [v.strip() for v in values.split(",")]
+        seen = {_unquote(c[key]) for _, c in cells if key in c}
+        unknown = [v for v in wanted if v not in seen]
+        if unknown:
+            raise SweepError(f"{path}: --only {item!r}: {key}={unknown[0]} is in no cell; its values: "
+                             f"{', '.join(sorted(seen))}")
+        cells = [(i, c) for i, c in cells if _unquote(c.get(key, "")) in wanted]
+    if not cells:
+        raise SweepError(f"{path}: --only {' '.join(only)}: no cell has all of these values")
+    return cells
 
 
 def _cell_overrides(common: list[str], values: dict[str, str]) -> list[str]:

@@ -304,7 +304,10 @@ def run_study(spec: TuneSpec, spec_text: str = "", *, out=None) -> dict:
                 # the runs table tells trials apart by what was searched
                 "run_name": f"{spec.study} trial {trial_number}: {_fmt_params(params)}",
             }
-            return executor.submit(trial_job, payload)
+            from suite.launch.executors import controller_stderr
+
+            with controller_stderr(executor):
+                return executor.submit(trial_job, payload)
 
         pending: dict[int, object] = {}
         resumed = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]

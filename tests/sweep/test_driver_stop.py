@@ -112,7 +112,9 @@ def test_sigterm_to_a_local_sweep_stops_its_cells_and_ends_their_runs(tmp_path, 
         proc.send_signal(signal.SIGTERM)  # the driver alone, as a scheduler or `kill` would
         assert proc.wait(timeout=300) == 130
         text = proc.stdout.read()
-        assert "driver interrupted: cancelling" in text and "interrupted: run `suite sweep" in text, text
+        assert "driver interrupted: cancelling" in text, text
+        # the exact command that finishes it (the file relative to the working directory)
+        assert text.rstrip().splitlines()[-1] == "interrupted: finish what is missing with: suite sweep term.yaml", text
         assert procs_naming(folder) == [], "a cell outlived its driver"
     _assert_stopped(uri, "KILLED")
     status = subprocess.run([*SUITE, "status", str(path)], capture_output=True, text=True, env=child_env(),

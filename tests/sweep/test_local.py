@@ -182,3 +182,52 @@ def test_a_deleted_or_damaged_run_dir_is_shown_incomplete_and_run_again(tmp_path
         assert _steps(d) == [0, 1, 2], d.name  # no step lost or duplicated
     assert (damaged / "summary.json.damaged").read_text() == text[: len(text) // 2]  # moved aside, not deleted
     assert "done 2  (of 2)" in suite("status", str(path)).stdout
+
+
+@pytest.mark.slow  # ~40 s quiet: two cells stopped at a checkpoint, then resumed
+def test_ctrl_c_stops_a_sweep_in_one_line_naming_the_command_that_resumes_it(tmp_path, sweep_env, monkeypatch):
+    """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) while both cells are
+    held at their step-2 checkpoint: no traceback (the job controllers' stderr is a log file), the
+    cells' MLflow runs ended, and the exact command, overrides and --only included. That command
+    resumes; the same file with other overrides is refused, naming the difference."""
+    import checkpoint_barrier
+
+    barrier = checkpoint_barrier.install(monkeypatch, tmp_path, (2,), when="after")
+    uri, runs = sweep_env
+    write_sweep(tmp_path / "ctrlc.yaml", {
+        "name": "ctrlc", "base": [*TINY, f"out_dir={runs}"], "matrix": {"seed": [0, 1, 2]},
+        "launcher": {"max_parallel": 2, "poll_s": 0.5}})
+    argv = ["sweep", "ctrlc.yaml", "steps=6", "--only", "seed=0,1"]
+    proc = subprocess.Popen([*SUITE, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env(), cwd=tmp_path, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while not barrier.reached(2):  # a cell holds at its step-2 checkpoint
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no cell reached its step-2 checkpoint"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, out + err
+    command = "suite sweep ctrlc.yaml steps=6 --only=seed=0,1"
+    assert out.rstrip().splitlines()[-1] == f"interrupted: finish what is missing with: {command}", out
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("suite")
+    assert not [r for r in client.search_runs([exp.experiment_id]) if r.info.status == "RUNNING"]
+    state = runs / "_sweeps" / "ctrlc"
+    jobs = (state / "jobs.jsonl").read_text()
+
+    other = subprocess.run([*SUITE, "sweep", "ctrlc.yaml", "steps=5"], capture_output=True, text=True,
+                           env=child_env(), cwd=tmp_path, timeout=300)
+    assert other.returncode == 2, other.stdout + other.stderr
+    assert "holds a launch with other overrides (steps=5 (was steps=6))" in other.stderr, other.stderr
+    assert f"Resume that sweep with: {command};" in other.stderr
+    assert (state / "jobs.jsonl").read_text() == jobs  # nothing submitted or recorded
+
+    barrier.release_all()
+    done = subprocess.run([*SUITE, *command.split()[1:]], capture_output=True, text=True,
+                          env=child_env(), cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 cells" in done.stdout.splitlines()[0], done.stdout  # --only kept the third cell out
+    for d in runs.glob("grpo-*"):
+        assert _steps(d) == list(range(0, 7)), d.name

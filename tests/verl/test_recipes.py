@@ -69,11 +69,14 @@ def _dry_run(tmp_path, recipe: str, cluster: str = "h100x8", *extra: str, model:
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
-def _cells(stdout: str) -> list[tuple[list[str], list[str]]]:
-    """(table row, verl argv) per cell of a dry run's listing."""
-    lines = stdout.splitlines()
-    return [(lines[i - 1].split(), shlex.split(line.strip()[2:])) for i, line in enumerate(lines)
-            if line.strip().startswith("$ ")]
+def _cells(stdout: str, tmp_path) -> list[tuple[list[str], list[str]]]:
+    """(table row, verl argv) per cell of a SLURM dry run: the rows it prints, the commands its
+    preview file holds (`dry-run/commands.sh`, in the cells' order)."""
+    rows = [line.split() for line in stdout.splitlines() if line[:1].isdigit()]
+    preview = tmp_path / "runs" / "_sweeps" / "paper_tables" / "dry-run" / "commands.sh"
+    commands = [shlex.split(line) for line in preview.read_text().splitlines() if line and not line.startswith("#")]
+    assert len(rows) == len(commands), (len(rows), len(commands))
+    return list(zip(rows, commands))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +97,7 @@ def test_the_dry_run_runs_every_value_of_the_recipe(tmp_path, tiny_qwen2, compos
     assert proc.returncode == 0, proc.stderr
     recipe = RECIPES[name]
     values = {k: v.value for k, v in resolved_values(name).items()}
-    cells = _cells(proc.stdout)
+    cells = _cells(proc.stdout, tmp_path)
     assert len(cells) == 33
     header = proc.stdout.splitlines()[2].split()
     seen_corrections = set()

@@ -46,7 +46,12 @@ def test_bench_vllm_measures_every_served_precision_and_the_report_reads_it(tmp_
         assert r["kernels"] in KERNELS[name], (name, r["kernels"])
         for key in ("startup_s", "prefill_tok_s", "decode_tok_s", "rollout_tok_s", "sync_s"):
             assert r[key] > 0, (name, key, r[key])
-        assert r["prefill_s"] < r["rollout_s"] and (r["prompts"], r["prompt_len"], r["response_len"]) == (4, 16, 8)
+        # two single wall-clock measurements of ~0.05 s (1 token, then 8): their order is not a property
+        # of the code on shared cores (prefill once measured 0.103 s against a 0.054 s rollout under a
+        # second test run), so only what the bench derives from them is checked
+        assert r["prefill_s"] > 0 and r["rollout_s"] > 0
+        assert r["decode_s"] == pytest.approx(max(r["rollout_s"] - r["prefill_s"], 1e-9))
+        assert (r["prompts"], r["prompt_len"], r["response_len"]) == (4, 16, 8)
         assert r["rollout_tok_s"] == pytest.approx(4 * 8 / r["rollout_s"])
         assert r["speedup_vs_bf16"] == pytest.approx(r["rollout_tok_s"] / rows["bf16"]["rollout_tok_s"])
         if name != "bf16":  # the re-quantizing sync ran a layer at a time and said how much it held
