@@ -1,5 +1,6 @@
 """The package's import graph, read from the source (no import runs): circles between modules,
-private names imported across modules, and package lines per subpackage.
+private names imported across modules, modules imported by name that import their caller back,
+and package lines per subpackage.
 
     python scripts/import_graph.py            # a summary
     python scripts/import_graph.py --edges    # and every module -> module edge
@@ -11,6 +12,13 @@ other than suite.x. An upward import is one into a backend package (suite.embedd
 suite.verl: what runs a config) or into suite.bench from outside it (the layers below reach a
 backend only through suite.backend's contract, by name), or from the shared launch layer
 (suite.launch) into one of its users (suite.sweep, suite.tune).
+
+A by-name import is ``importlib.import_module(X)`` in a module: its targets are the package's
+module names written as strings in that file (a plugin list) and the f-strings
+``f"{package}.suffix"`` there, over the backend packages of ``suite.backend.BACKENDS``. A by-name
+loop is such a target that imports the caller back (the caller loads it to stay independent of
+it: an import back undoes that). A call back is a backend module importing suite.cell, which
+runs the backends and hands each its MLflow run.
 """
 
 from __future__ import annotations
@@ -24,18 +32,19 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "suite"
 UPPER = ("suite.embedded", "suite.verl", "suite.bench")  # nothing outside them imports them
 LAUNCH, ITS_USERS = "suite.launch", ("suite.sweep", "suite.tune")  # the shared launch layer imports neither
+BACKEND_CALLER = "suite.cell"  # runs a backend and hands it its MLflow run: a backend never imports it
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def imports(path: Path, modules: set[str]) -> tuple[set[str], list[tuple[str, str]]]:
+def imports(path: Path, modules: set[str], root: Path = ROOT) -> tuple[set[str], list[tuple[str, str]]]:
     """(modules of the package ``path`` imports, [(module, private name)] it imports)."""
-    me = module_name(path)
+    me = module_name(path, root)
     is_pkg = path.name == "__init__.py"
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     found, private = set(), []
@@ -67,6 +76,35 @@ def _known(name: str, modules: set[str]) -> str:
     while name and name not in modules:
         name = name.rpartition(".")[0]
     return name
+
+
+def backend_packages(root: Path = ROOT) -> list[str]:
+    """The values of the ``BACKENDS`` dict literal in suite/backend.py."""
+    tree = ast.parse((root / PACKAGE / "backend.py").read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == "BACKENDS" and isinstance(node.value, ast.Dict):
+            return [v.value for v in node.value.values if isinstance(v, ast.Constant)]
+    raise SystemExit("suite/backend.py: no BACKENDS dict literal")
+
+
+def by_name_targets(path: Path, modules: set[str], packages: list[str], root: Path = ROOT) -> set[str]:
+    """The modules ``path`` imports with importlib.import_module (module docstring)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    calls = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "import_module"
+                for n in ast.walk(tree))
+    if not calls:
+        return set()
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in modules:
+            found.add(node.value)
+        elif isinstance(node, ast.JoinedStr) and len(node.values) == 2 \
+                and isinstance(node.values[0], ast.FormattedValue) and isinstance(node.values[1], ast.Constant):
+            found |= {f"{pkg}{node.values[1].value}" for pkg in packages} & modules
+    found -= {module_name(path, root), PACKAGE, *packages}  # the prog name; the bases the f-strings extend
+    return found
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -101,20 +139,20 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--edges", action="store_true", help="print every module -> module edge")
-    args = ap.parse_args()
-    files = sorted((ROOT / PACKAGE).rglob("*.py"))
-    modules = {module_name(f) for f in files}
-    graph, privates, lines = {}, [], defaultdict(int)
+def measure(root: Path = ROOT) -> dict:
+    """The package's graph and what is checked of it (module docstring)."""
+    files = sorted((root / PACKAGE).rglob("*.py"))
+    modules = {module_name(f, root) for f in files}
+    graph, privates, lines, by_name = {}, [], defaultdict(int), {}
+    packages = backend_packages(root)
     for f in files:
-        me = module_name(f)
-        graph[me], priv = imports(f, modules)
+        me = module_name(f, root)
+        graph[me], priv = imports(f, modules, root)
+        by_name[me] = by_name_targets(f, modules, packages, root)
         privates += [(me, t, n) for t, n in priv]
-        sub = me.split(".")[1] if me.count(".") >= 1 and (ROOT / PACKAGE / me.split(".")[1]).is_dir() else "(top)"
+        sub = me.split(".")[1] if me.count(".") >= 1 and (root / PACKAGE / me.split(".")[1]).is_dir() else "(top)"
         lines[sub] += len(f.read_text(encoding="utf-8").splitlines())
-    comps = circles(graph)
+
     def inside(m, pkg):
         return m == pkg or m.startswith(pkg + ".")
 
@@ -122,7 +160,23 @@ def main() -> None:
                     if inside(t, pkg) and not inside(me, pkg) and not any(inside(me, u) for u in UPPER))
     upward += sorted((me, t) for me, ts in graph.items() if inside(me, LAUNCH) for t in ts
                      if any(inside(t, u) for u in ITS_USERS))
-    print(f"modules: {len(modules)}, import edges: {sum(len(v) for v in graph.values())}")
+    loops = sorted((me, t) for me, ts in by_name.items() for t in ts if me in graph.get(t, ()))
+    backends = [f"{PACKAGE}.{p.split('.', 1)[1]}" for p in packages if "." in p]
+    callbacks = sorted((me, t) for me, ts in graph.items() if any(inside(me, b) for b in backends)
+                       for t in ts if t == BACKEND_CALLER)
+    return {"callbacks": callbacks, "modules": modules, "graph": graph, "circles": circles(graph), "upward": upward,
+            "privates": sorted(privates), "by_name": by_name, "loops": loops, "lines": dict(lines)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--edges", action="store_true", help="print every module -> module edge")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the checkout to read (default: this one)")
+    args = ap.parse_args()
+    m = measure(args.root)
+    graph, comps, upward, privates, by_name, loops, lines = (m[k] for k in (
+        "graph", "circles", "upward", "privates", "by_name", "loops", "lines"))
+    print(f"modules: {len(m['modules'])}, import edges: {sum(len(v) for v in graph.values())}")
     print(f"circles: {len(comps)}")
     for c in comps:
         print("  " + " <-> ".join(c))
@@ -131,8 +185,16 @@ def main() -> None:
     for me, t in upward:
         print(f"  {me} -> {t}")
     print(f"private names imported across modules: {len(privates)}")
-    for me, target, name in sorted(privates):
+    for me, target, name in privates:
         print(f"  {me} <- {target}.{name}")
+    print(f"imported by name: {sum(len(v) for v in by_name.values())} "
+          f"({', '.join(f'{me} -> {len(ts)}' for me, ts in sorted(by_name.items()) if ts)}); "
+          f"by-name loops (the target imports its caller back): {len(loops)}")
+    for me, t in loops:
+        print(f"  {me} -> {t} -> {me}")
+    print(f"backends calling back into {BACKEND_CALLER} (which runs them): {len(m['callbacks'])}")
+    for me, t in m["callbacks"]:
+        print(f"  {me} -> {t}")
     print("package lines: " + ", ".join(f"{k} {v}" for k, v in sorted(lines.items()))
           + f"; total {sum(lines.values())}")
     if args.edges:

@@ -14,7 +14,9 @@ not a failure of that run and is re-raised untouched:
   failed cell instead, so the sweep's parent run and `suite status` show why it did not run.
 
 The MLflow run of a cell carries the run's axes, its identity tags, `tracking.tags` (sweep and
-trial tags), the run id and the parent run; `open_mlflow_run` is the one place that builds it.
+trial tags), the run id and the parent run; `suite.tracking.cell_run.open_mlflow_run` is the one
+place that builds it, and `run_cell` hands the backend that opener (`open_run`): a backend never
+reaches back up here for its run.
 """
 
 from __future__ import annotations
@@ -30,29 +32,8 @@ from omegaconf import DictConfig
 
 from suite.backend import OnEval, RunSummary, get_backend
 from suite.tracking import rundir
+from suite.tracking.cell_run import open_mlflow_run, opener
 from suite.tracking.rundir import error_line
-
-
-def run_tags(cfg: DictConfig, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The tags a cell's MLflow run is created with."""
-    from suite.config import axes, identity_tags, run_id
-
-    return {**axes(cfg), **identity_tags(cfg), **dict(cfg.tracking.tags), **dict(extra or {}), "run_id": run_id(cfg)}
-
-
-def open_mlflow_run(cfg: DictConfig, run_dir: str, *, tags: Mapping[str, str] | None = None,
-                    run_name: str | None = None, catch_up: bool = True):
-    """The `MlflowLogger` of the cell in `run_dir`: the run recorded there, else a new child of
-    `tracking.parent_run_id` tagged with `run_tags(cfg, tags)`, named `tracking.run_name`, else
-    `run_name`, else `suite.identity.run_name(cfg)`. See `MlflowLogger.for_run_dir` for `catch_up`."""
-    from suite.identity import run_name as default_name
-    from suite.tracking.loggers import MlflowLogger
-
-    t = cfg.tracking
-    return MlflowLogger.for_run_dir(
-        run_dir, t.tracking_uri, t.experiment, t.run_name or run_name or default_name(cfg),
-        tags=run_tags(cfg, tags), parent_run_id=t.parent_run_id or None, catch_up=catch_up,
-    )
 
 
 def mark_failed(cfg: DictConfig, run_dir: str, message: str) -> None:
@@ -154,7 +135,7 @@ def run_cell(cfg: DictConfig, run_dir: str, *, on_eval: OnEval | None = None, pr
     refused = (RunLockedError,) if sweep_cell else (RunLockedError, HardwareError, CorruptMetricsError,
                                                     NoReadableCheckpoint)
     try:
-        return backend(cfg, run_dir, on_eval, progress=progress)
+        return backend(cfg, run_dir, on_eval, progress=progress, open_run=opener(cfg, run_dir))
     except refused:
         raise
     except Exception as exc:

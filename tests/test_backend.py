@@ -64,7 +64,7 @@ def test_a_stop_inside_torch_save_is_a_stop_and_a_real_error_is_a_failure(tmp_pa
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = compose_config([f"tracking.tracking_uri={uri}", f"out_dir={tmp_path}"])
 
-    def interrupted_save(cfg, run_dir, on_eval=None, *, progress=False):
+    def interrupted_save(cfg, run_dir, on_eval=None, *, progress=False, open_run=None):
         torch.save({"w": torch.zeros(10_000)}, _InterruptedWriter())
 
     monkeypatch.setattr(cell, "get_backend", lambda name: interrupted_save)
@@ -76,7 +76,7 @@ def test_a_stop_inside_torch_save_is_a_stop_and_a_real_error_is_a_failure(tmp_pa
     assert "FAILED" not in _statuses(uri)  # left to the driver that stopped it (KILLED)
     assert not (tmp_path / "a" / "sweep_error.json").exists()
 
-    def broken(cfg, run_dir, on_eval=None, *, progress=False):
+    def broken(cfg, run_dir, on_eval=None, *, progress=False, open_run=None):
         raise RuntimeError("a real error")
 
     monkeypatch.setattr(cell, "get_backend", lambda name: broken)
@@ -84,3 +84,35 @@ def test_a_stop_inside_torch_save_is_a_stop_and_a_real_error_is_a_failure(tmp_pa
     with pytest.raises(RuntimeError, match="a real error"):
         cell.run_cell(cfg, str(tmp_path / "b"), sweep_cell=True)
     assert _statuses(uri) == ["FAILED"]
+
+
+def test_run_cell_hands_the_backend_its_mlflow_run(tmp_path, monkeypatch):
+    """The backend receives the opener of its cell's MLflow run (suite.backend.OpenRun) and opens it
+    when ready: the run carries the cell's axes and run id, plus the tags the backend adds."""
+    from mlflow.tracking import MlflowClient
+
+    from suite import cell
+    from suite.config import axes, compose_config, run_id
+    from suite.tracking.rundir import recorded_mlflow_run_id
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = compose_config([f"tracking.tracking_uri={uri}", f"out_dir={tmp_path}", "quant=fp8"])
+    run_dir = str(tmp_path / "cell")
+    seen = {}
+
+    def backend(cfg, run_dir, on_eval=None, *, progress=False, open_run=None):
+        assert recorded_mlflow_run_id(run_dir) is None  # nothing opened before the backend asks
+        logger = open_run(tags={"kernels_executed": "stand-in"})
+        logger.log_metrics({"train/acc": 0.5}, step=1)
+        logger.close("FINISHED")
+        seen["id"] = logger.run_id
+        return RunSummary(run_id=run_id(cfg), run_dir=run_dir, steps=1, baseline_acc=0.0, final_acc=0.5,
+                          delta_acc=0.5, mlflow_run_id=logger.run_id, tracking_uri=uri)
+
+    monkeypatch.setattr(cell, "get_backend", lambda name: backend)
+    summary = cell.run_cell(cfg, run_dir)
+    run = MlflowClient(uri).get_run(summary.mlflow_run_id)
+    assert summary.mlflow_run_id == seen["id"] and run.info.status == "FINISHED"
+    assert run.data.tags["run_id"] == run_id(cfg) and run.data.tags["kernels_executed"] == "stand-in"
+    assert {k: run.data.tags[k] for k in axes(cfg)} == axes(cfg) and run.data.tags["precision"] == "fp8"
+    assert run.data.metrics["train/acc"] == 0.5

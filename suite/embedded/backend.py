@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from suite.backend import OnEval, RunSummary
+from suite.contract import OnEval, OpenRun, RunSummary
 
 
-def run(cfg: DictConfig, run_dir: str, on_eval: OnEval | None = None, *, progress: bool = False) -> RunSummary:
-    """Train `cfg` with the embedded trainer in `run_dir` (resume, or the finished summary)."""
+def run(cfg: DictConfig, run_dir: str, on_eval: OnEval | None = None, *, progress: bool = False,
+        open_run: OpenRun | None = None) -> RunSummary:
+    """Train `cfg` with the embedded trainer in `run_dir` (resume, or the finished summary), logging
+    to the MLflow run `open_run` opens."""
     from suite.embedded.trainer import EmbeddedRun
 
-    return RunSummary.from_record(EmbeddedRun(cfg, run_dir, progress=progress, on_eval=on_eval).run())
+    return RunSummary.from_record(EmbeddedRun(cfg, run_dir, progress=progress, on_eval=on_eval,
+                                              open_run=open_run).run())
 
 
 def warm_start(cfg: DictConfig, *, progress: bool = False) -> dict:

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from suite import hardware
-from suite.cell import open_mlflow_run
+from suite.tracking.cell_run import opener
 from suite.config import AlgoConfig, CorrectionConfig, RolloutConfig, TrainConfig, run_id
 from suite.core import advantages as adv_fns
 from suite.core.losses import CORRECTIONS, masked_mean, policy_loss, value_loss
@@ -94,10 +94,13 @@ class EmbeddedRun:
     `suite.embedded.parts` plain values. Only the driver (`run`) keeps the whole config, to log it.
     """
 
-    def __init__(self, cfg: DictConfig, run_dir: str, *, progress: bool = True, on_eval=None):
+    def __init__(self, cfg: DictConfig, run_dir: str, *, progress: bool = True, on_eval=None, open_run=None):
         self.cfg = cfg
         self.run_dir = run_dir
         self.progress = progress
+        # open_run(tags=..., catch_up=...) -> the run's MLflow logger (suite.backend.OpenRun), handed
+        # down by suite.cell.run_cell; opened in run() once the refusals are past
+        self.open_run = open_run or opener(cfg, run_dir)
         # on_eval(step, held-out acc) -> bool, after each RL-step evaluation: True stops the run
         # there, ending as pruned (summary "pruned": true, MLflow tag pruned=true, status KILLED).
         self.on_eval = on_eval
@@ -487,7 +490,7 @@ class EmbeddedRun:
         # Steps after the checkpoint are recomputed, never duplicated; with no checkpoint yet (a
         # kill before or during the first one) that is every step, the baseline evaluation included.
         jsonl.truncate_after(self.step if resumed is not None else -1, drop_corrupt=drop_corrupt)
-        mlflow_logger = open_mlflow_run(cfg, self.run_dir, tags={
+        mlflow_logger = self.open_run(tags={
             "kernels_executed": self.kernels_executed, "cpu_flags": hardware.cpu_features().label(),
             # a cache written before the flags were recorded says "unknown"
             "warm_start_cpu_flags": str(self.warm_info.get("cpu_flags", "unknown"))})

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from suite.backend import OnEval, RunSummary
+from suite.contract import OnEval, OpenRun, RunSummary
 
 
-def run(cfg: DictConfig, run_dir: str, on_eval: OnEval | None = None, *, progress: bool = False) -> RunSummary:
+def run(cfg: DictConfig, run_dir: str, on_eval: OnEval | None = None, *, progress: bool = False,
+        open_run: OpenRun | None = None) -> RunSummary:
     """Train `cfg` with verl in `run_dir`. verl evaluates inside main_ppo, so there is no
     `on_eval` hook (tuning, which prunes through it, runs embedded trials only)."""
     if on_eval is not None:
@@ -16,7 +17,7 @@ def run(cfg: DictConfig, run_dir: str, on_eval: OnEval | None = None, *, progres
     from suite.config import run_id
     from suite.verl.runner import run as verl_run
 
-    record = verl_run(cfg, run_dir)
+    record = verl_run(cfg, run_dir, open_run=open_run)
     # the head's summary.json has every field but the run's identity, which is the config's
     return RunSummary.from_record(record, run_id=run_id(cfg), run_dir=run_dir, steps=int(cfg.steps),
                                   mlflow_run_id=None, tracking_uri=str(cfg.tracking.tracking_uri))

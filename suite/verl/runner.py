@@ -29,6 +29,7 @@ from typing import Callable, Mapping
 
 from omegaconf import DictConfig
 
+from suite.tracking.cell_run import opener
 from suite.tracking.lock import run_lock
 from suite.tracking.rundir import RUN_FILE, SUMMARY_FILE, finished_summary
 from suite.tracking.rundir import read_summary as read_run_summary
@@ -174,13 +175,11 @@ def _prepare_model(cfg: DictConfig, run_dir: str, log=print) -> str:
     return dst
 
 
-def _mlflow_run(cfg: DictConfig, run_dir: str) -> str:
-    from suite.cell import open_mlflow_run
-
-    logger = open_mlflow_run(cfg, run_dir, catch_up=False)
+def _mlflow_run(open_run, tracking_uri: str) -> str:
+    logger = open_run(catch_up=False)
     rid = logger.run_id  # created (or resumed) by the constructor; verl attaches and ends it
     if not rid:
-        raise RuntimeError(f"could not create the MLflow run at {cfg.tracking.tracking_uri}")
+        raise RuntimeError(f"could not create the MLflow run at {tracking_uri}")
     return rid
 
 
@@ -234,11 +233,12 @@ def _wait_for_run_id(run_dir: str, timeout_s: float = JOIN_TIMEOUT_S) -> str:
 
 def run(cfg: DictConfig, run_dir: str, *, env: Mapping[str, str] | None = None,
         execute: Callable[[list[str], str, Mapping[str, str]], int] = _execute,
-        hostnames: Callable[[str], list[str]] | None = None) -> dict:
+        hostnames: Callable[[str], list[str]] | None = None, open_run=None) -> dict:
     """Run ``cfg`` with verl in ``run_dir``; returns the summary (``already_finished`` if done).
 
     ``execute`` starts the per-node script (tests replace it: verl needs GPUs); ``env`` and
-    ``hostnames`` default to this process's SLURM environment and ``scontrol``.
+    ``hostnames`` default to this process's SLURM environment and ``scontrol``; ``open_run``
+    (suite.backend.OpenRun, handed down by suite.cell.run_cell) opens the MLflow run verl attaches to.
     """
     if cfg.backend.name != "verl":
         raise ValueError(f"suite.verl.runner runs backend=verl configs, got backend.name={cfg.backend.name!r}")
@@ -281,17 +281,18 @@ def run(cfg: DictConfig, run_dir: str, *, env: Mapping[str, str] | None = None,
     # Node 0 writes the run dir (MLflow run, scripts, verl's checkpoints, summary): one writer per
     # run id, the embedded runs' lock, so a second `suite run` of this id exits naming the holder.
     with run_lock(run_dir):
-        return _run_head(cfg, run_dir, alloc, env, execute, script, log_path)
+        return _run_head(cfg, run_dir, alloc, env, execute, script, log_path, open_run or opener(cfg, run_dir))
 
 
 def _run_head(cfg: DictConfig, run_dir: str, alloc: Allocation, env: Mapping[str, str],
-              execute: Callable[[list[str], str, Mapping[str, str]], int], script: str, log_path: str) -> dict:
+              execute: Callable[[list[str], str, Mapping[str, str]], int], script: str, log_path: str,
+              open_run) -> dict:
     if (done := finished_summary(run_dir)) is not None:  # a holder finished it between run()'s check and the lock
         return {**done, "already_finished": True}
     nnodes = int(cfg.backend.nnodes)
     _write_config(cfg, run_dir)
     _prepare_model(cfg, run_dir)
-    rid = _mlflow_run(cfg, run_dir)
+    rid = _mlflow_run(open_run, cfg.tracking.tracking_uri)
     if nnodes > 1:
         _write(script, node_script(cfg, run_dir, alloc, rid))
         argv = ["bash", script]
