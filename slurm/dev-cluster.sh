@@ -63,7 +63,18 @@ start_daemon() {  # start_daemon NAME CMD... (foreground mode; output to DIR/log
     local name="$1"; shift
     DEV_CLUSTER_DIR="$DIR" SLURM_CONF="$DIR/etc/slurm.conf" \
         setsid "$@" </dev/null >>"$DIR/log/$name.out" 2>&1 &
-    echo "$!" >"$DIR/run/$name.pid"
+    local pid="$!"
+    echo "$pid" >"$DIR/run/$name.pid"
+    # Until the forked shell has exec'd, /proc/PID/environ lacks the mark and daemon_pid would
+    # call the daemon dead (a loaded machine can take seconds): wait for the exec, or its death.
+    local deadline=$((SECONDS + TIMEOUT_S))
+    while alive "$pid" && ! marked "$pid"; do
+        if ((SECONDS >= deadline)); then
+            kill -KILL "$pid" 2>/dev/null || true  # unmarked, so `down` would not find it
+            fail_start "$name" "$DIR/log/$name.out" "was not exec'd within ${TIMEOUT_S} s"
+        fi
+        sleep 0.05
+    done
 }
 
 fail_start() {  # fail_start NAME LOG MESSAGE: show the log, stop what was started, exit 1
