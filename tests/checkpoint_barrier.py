@@ -7,16 +7,24 @@ inherit) imports at start-up: at the checkpoint of each listed step the run writ
 is written (`when="before"`: the steps since the last checkpoint are logged, not saved) or after
 (`when="after"`). The test then acts on a run known to be at that point, however fast the
 machine steps. Only the test's own processes see it; the suite's code is unchanged.
+
+Every such process also dumps the stacks of all its threads to stderr on SIGUSR1
+(`faulthandler`): `communicate(proc, timeout)` sends it to a process that has not ended in
+time, so a stall fails the test with where the process stood instead of a bare timeout.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 _SITE = """
 import os
 if os.environ.get("SUITE_TEST_BARRIER"):
+    import faulthandler, signal, sys
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     import time
     from suite.tracking import checkpoint as _ckpt
     _save, _dir = _ckpt.save_checkpoint, os.environ["SUITE_TEST_BARRIER"]
@@ -54,6 +62,28 @@ class Barrier:
         for step in self.steps:
             self.release(step)
 
+
+def communicate(proc: subprocess.Popen, timeout: float, *, group: bool = False) -> tuple[str, str]:
+    """`proc.communicate(timeout=...)`; past the timeout, the stacks of the process (or of its
+    whole process group, `group=True`) are dumped (SIGUSR1, see the module docstring), it is
+    killed, and the test fails with what it printed, the stacks included."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    kill = (lambda sig: os.killpg(proc.pid, sig)) if group else proc.send_signal
+    for sig, wait in ((signal.SIGUSR1, 10), (signal.SIGKILL, None)):
+        try:
+            kill(sig)
+        except ProcessLookupError:
+            break
+        try:  # output read before a timeout is kept for the next call (subprocess' contract)
+            proc.communicate(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass  # still stalled after the dump: the kill comes next
+    out, err = proc.communicate()
+    raise AssertionError(f"the process did not end within {timeout:.0f} s; its stacks and output:\n"
+                         f"--- stderr\n{err}\n--- stdout\n{out}")
 
 def install(monkeypatch, tmp_path: Path, steps: tuple[int, ...], when: str = "after") -> Barrier:
     assert when in ("before", "after")

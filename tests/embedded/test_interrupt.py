@@ -35,7 +35,7 @@ def test_ctrl_c_ends_the_run_killed_and_names_the_command_that_resumes_it(tmp_pa
         assert time.time() < deadline, "the run never reached its step-4 checkpoint"
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
+    out, err = checkpoint_barrier.communicate(proc, 300)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     lines = [ln for ln in err.splitlines() if ln.startswith("suite run:")]

@@ -206,7 +206,7 @@ def test_ctrl_c_stops_a_sweep_in_one_line_naming_the_command_that_resumes_it(tmp
         assert time.monotonic() < deadline, "no cell reached its step-2 checkpoint"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
+    out, err = checkpoint_barrier.communicate(proc, 300, group=True)
     assert proc.returncode == 130, out + err
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, out + err
     command = "suite sweep ctrlc.yaml steps=6 --only=seed=0,1"
