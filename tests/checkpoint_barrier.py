@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 _SITE = """
@@ -32,7 +33,10 @@ if os.environ.get("SUITE_TEST_BARRIER"):
     _before = os.environ["SUITE_TEST_BARRIER_WHEN"] == "before"
 
     def _hold(step):
-        open(os.path.join(_dir, f"reached-{step}"), "w").close()
+        with open(os.path.join(_dir, f"reached-{step}"), "w") as f:  # how a stop signal would land
+            f.write(f"SIGINT handler: {signal.getsignal(signal.SIGINT)!r}\\n")
+            with open("/proc/self/status") as st:
+                f.writelines(ln for ln in st if ln.startswith(("SigBlk", "SigIgn")))
         while not os.path.exists(os.path.join(_dir, f"release-{step}")):
             time.sleep(0.05)
 
@@ -63,10 +67,24 @@ class Barrier:
             self.release(step)
 
 
-def communicate(proc: subprocess.Popen, timeout: float, *, group: bool = False) -> tuple[str, str]:
+def interactive(module: str, *args: str) -> list[str]:
+    """The command line of `python -m module args` started as a terminal starts its foreground job:
+    SIGINT at Python's default (KeyboardInterrupt) and unblocked, whatever the test process hands
+    down. A child inherits an ignored or blocked SIGINT from its parent, and Python only installs
+    its KeyboardInterrupt handler where SIGINT is at its default at start-up; a pytest worker that
+    an earlier test or library left so would otherwise make a Ctrl-C test stall."""
+    code = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", code, *args]
+
+
+def communicate(proc: subprocess.Popen, timeout: float, *, group: bool = False,
+                barrier: Barrier | None = None) -> tuple[str, str]:
     """`proc.communicate(timeout=...)`; past the timeout, the stacks of the process (or of its
     whole process group, `group=True`) are dumped (SIGUSR1, see the module docstring), it is
-    killed, and the test fails with what it printed, the stacks included."""
+    killed, and the test fails with what it printed, the stacks included, and with how SIGINT
+    stood in each process that reached the `barrier`."""
     try:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -82,8 +100,9 @@ def communicate(proc: subprocess.Popen, timeout: float, *, group: bool = False) 
         except subprocess.TimeoutExpired:
             pass  # still stalled after the dump: the kill comes next
     out, err = proc.communicate()
+    held = "".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(barrier.root.glob("reached-*"))) if barrier else ""
     raise AssertionError(f"the process did not end within {timeout:.0f} s; its stacks and output:\n"
-                         f"--- stderr\n{err}\n--- stdout\n{out}")
+                         f"--- stderr\n{err}\n--- stdout\n{out}\n{held}")
 
 def install(monkeypatch, tmp_path: Path, steps: tuple[int, ...], when: str = "after") -> Barrier:
     assert when in ("before", "after")

@@ -27,7 +27,7 @@ def test_ctrl_c_ends_the_run_killed_and_names_the_command_that_resumes_it(tmp_pa
     argv = ["run", *TINY, "--no-progress", f"out_dir={tmp_path / 'runs'}",  # an option among the overrides
             f"warm_start.cache_dir={tmp_path / 'cache'}", f"tracking.tracking_uri=sqlite:///{db}"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "suite.cli", *argv], stdout=subprocess.PIPE,
+    proc = subprocess.Popen(checkpoint_barrier.interactive("suite.cli", *argv), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 600
     while not barrier.reached(4):  # the event: the run holds at its step-4 checkpoint
@@ -35,7 +35,7 @@ def test_ctrl_c_ends_the_run_killed_and_names_the_command_that_resumes_it(tmp_pa
         assert time.time() < deadline, "the run never reached its step-4 checkpoint"
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    out, err = checkpoint_barrier.communicate(proc, 300)
+    out, err = checkpoint_barrier.communicate(proc, 300, barrier=barrier)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     lines = [ln for ln in err.splitlines() if ln.startswith("suite run:")]

@@ -198,15 +198,15 @@ def test_ctrl_c_stops_a_sweep_in_one_line_naming_the_command_that_resumes_it(tmp
         "name": "ctrlc", "base": [*TINY, f"out_dir={runs}"], "matrix": {"seed": [0, 1, 2]},
         "launcher": {"max_parallel": 2, "poll_s": 0.5}})
     argv = ["sweep", "ctrlc.yaml", "steps=6", "--only", "seed=0,1"]
-    proc = subprocess.Popen([*SUITE, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env(), cwd=tmp_path, start_new_session=True)
+    proc = subprocess.Popen(checkpoint_barrier.interactive("suite.cli", *argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=child_env(), cwd=tmp_path, start_new_session=True)
     deadline = time.monotonic() + 600
     while not barrier.reached(2):  # a cell holds at its step-2 checkpoint
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no cell reached its step-2 checkpoint"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = checkpoint_barrier.communicate(proc, 300, group=True)
+    out, err = checkpoint_barrier.communicate(proc, 300, group=True, barrier=barrier)
     assert proc.returncode == 130, out + err
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, out + err
     command = "suite sweep ctrlc.yaml steps=6 --only=seed=0,1"
