@@ -75,17 +75,18 @@ def job_tags() -> dict[str, str]:
     return tags
 
 
-def compose_cell(overrides: list[str], *, parent_run_id: str | None = None, tags: Mapping[str, object] | None = None,
+def prepare_cell(cfg: DictConfig, *, parent_run_id: str | None = None, tags: Mapping[str, object] | None = None,
                  tracking_uri: str | None = None, run_name: str | None = None) -> DictConfig:
-    """The config of a launcher job's cell: its overrides composed (they travel pickled in
-    submitit's job file, never through a shell), made an MLflow child of `parent_run_id` with
-    `tags` and `job_tags()` (not part of the run id), on `tracking_uri` and named `run_name` when
-    given (an explicit `tracking.run_name` override wins)."""
+    """A launcher job's config: a copy of the cell's composed `cfg` (the sweep driver composed it
+    once; it travels pickled in submitit's job file, never through a shell), made an MLflow child
+    of `parent_run_id` with `tags` and `job_tags()` (not part of the run id), on `tracking_uri`
+    and named `run_name` when given (an explicit `tracking.run_name` override wins), its threads
+    those of the SLURM allocation when it leaves them to torch."""
+    import copy
+
     from omegaconf import open_dict
 
-    from suite.config import compose_config
-
-    cfg = compose_config(list(overrides))
+    cfg = copy.deepcopy(cfg)
     if tracking_uri:
         cfg.tracking.tracking_uri = tracking_uri
     if run_name and not cfg.tracking.run_name:
@@ -98,6 +99,14 @@ def compose_cell(overrides: list[str], *, parent_run_id: str | None = None, tags
         # the allocation, not the node: torch would otherwise use every core it sees
         cfg.threads = int(os.environ["SLURM_CPUS_PER_TASK"])
     return cfg
+
+
+def compose_cell(overrides: list[str], **job) -> DictConfig:
+    """`prepare_cell` of the config `overrides` compose (a tuning trial, sampled on the driver,
+    composed where it runs)."""
+    from suite.config import compose_config
+
+    return prepare_cell(compose_config(list(overrides)), **job)
 
 
 def interruption(exc: BaseException) -> BaseException | None:

@@ -21,7 +21,7 @@ from hydra import compose, initialize
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from suite import recipes, regimes
 from suite.backend import BACKENDS as _BACKEND_PACKAGES
@@ -490,6 +490,39 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         GlobalHydra.instance().clear()
     check_override_types(cfg, parsed)
     return finalize(cfg)
+
+
+def config_record(cfg: DictConfig) -> dict:
+    """A composed config as plain data (JSON-ready), interpolations resolved: what a sweep's launch
+    records of each cell in `matrix.json`, so the report reads the config the cell ran with
+    instead of composing it again (`config_from_record`)."""
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+_RECORD_BASES: dict[str, bytes] = {}  # backend name -> its default config, composed once, pickled
+
+
+def config_from_record(data: dict) -> DictConfig:
+    """The typed config `config_record` recorded: each section of its dataclass (struct mode, the
+    backend's own section type), the recorded values merged in; composed by Hydra once per
+    backend, never validated or resolved again (it is what the launch composed and ran)."""
+    import pickle
+
+    name = data["backend"]["name"]
+    if name not in _RECORD_BASES:
+        GlobalHydra.instance().clear()
+        try:
+            with initialize(version_base="1.3", config_path=None, job_name="suite"):
+                _RECORD_BASES[name] = pickle.dumps(compose(config_name="config", overrides=[f"backend={name}"]))
+        finally:
+            GlobalHydra.instance().clear()
+    cfg = pickle.loads(_RECORD_BASES[name])
+    data = {**data, "tracking": dict(data["tracking"])}
+    tags = data["tracking"].pop("tags", {})
+    cfg.merge_with(data)  # typed: a key no section has, or a value of the wrong type, is refused
+    with open_dict(cfg.tracking.tags):  # a free Dict[str, str] (sweep, cell, trial tags), closed in struct mode
+        cfg.tracking.tags.update(tags)
+    return cfg
 
 
 def _hydra_text(exc: BaseException) -> str:

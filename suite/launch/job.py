@@ -1,7 +1,8 @@
 """What runs inside a submitit job: one cell, resumable.
 
-`run_cell(overrides, run_dir, parent_run_id, tags)` composes the cell's config from its
-overrides, makes the run an MLflow child of the sweep's parent run, and runs it in `run_dir`
+`run_cell(cfg, run_dir, parent_run_id, tags)` takes the cell's config as the sweep driver
+composed it (once per sweep: it travels pickled in submitit's job file), makes the run an MLflow
+child of the sweep's parent run, and runs it in `run_dir`
 through `suite.cell.run_cell` (the backend, and a failure recorded in MLflow and in
 `run_dir/sweep_error.json`). The run directory is the state: a re-run resumes from its last
 checkpoint, a finished one returns its summary.
@@ -17,10 +18,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from submitit.helpers import Checkpointable as _Checkpointable
 
 from suite.backend import RunSummary
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 class ResumableJob(_Checkpointable):
@@ -45,14 +50,18 @@ class ResumableJob(_Checkpointable):
         return DelayedSubmission(self, *args, **kwargs)
 
 
-def _run_cell(overrides: list[str], run_dir: str, parent_run_id: str | None = None,
+def _run_cell(cell: DictConfig | list[str], run_dir: str, parent_run_id: str | None = None,
               tags: dict | None = None, tracking_uri: str | None = None, run_name: str | None = None) -> RunSummary:
-    from suite.cell import compose_cell
+    from omegaconf import DictConfig
+
+    from suite.cell import compose_cell, prepare_cell
     from suite.cell import run_cell as run_one
     from suite.tracking.checkpoint import list_checkpoints
 
     tags = {str(k): str(v) for k, v in (tags or {}).items()}
-    cfg = compose_cell(overrides, parent_run_id=parent_run_id, tags=tags, tracking_uri=tracking_uri, run_name=run_name)
+    job = dict(parent_run_id=parent_run_id, tags=tags, tracking_uri=tracking_uri, run_name=run_name)
+    # the driver's composed config; a list of overrides is a job pickled before configs travelled
+    cfg = prepare_cell(cell, **job) if isinstance(cell, DictConfig) else compose_cell(list(cell), **job)
     ckpts = list_checkpoints(run_dir)
     start = f"resuming from step {ckpts[-1][0]}" if ckpts else "from the start"
     print(f"suite sweep cell {tags.get('cell', '?')}: {os.path.basename(run_dir)} {start} "
@@ -68,4 +77,4 @@ def _cell_label(*args, **kwargs) -> str:
 
 
 run_cell = ResumableJob(_run_cell, _cell_label)
-"""run_cell(overrides, run_dir, parent_run_id=None, tags=None, tracking_uri=None, run_name=None) -> RunSummary"""
+"""run_cell(cfg, run_dir, parent_run_id=None, tags=None, tracking_uri=None, run_name=None) -> RunSummary"""

@@ -56,11 +56,17 @@ def register(subparsers) -> None:
 
 def _sweep_source(args) -> dict:
     """Tracking URI, experiment, parent run and expected cells of a sweep file."""
-    from suite.sweep.spec import SweepError, load_sweep
+    from suite.sweep.spec import RecordedCell, SweepError, load_sweep, read_record
     from suite.tracking.loggers import resolve_tracking_uri
 
     try:
-        sweep = load_sweep(args.sweep_file, args.sweep_overrides)
+        # the configs its last launch recorded (composed once, by that launch), when they are the
+        # whole matrix of this very file and overrides; else the file as it is now, composed
+        sweep = load_sweep(args.sweep_file, args.sweep_overrides, recorded=True)
+        recorded = all(isinstance(c, RecordedCell) for c in sweep.cells)
+        narrowed = recorded and bool((read_record(sweep.state_dir) or ({},))[0].get("only"))  # --only: part of it
+        if sweep.launch_note or narrowed or not recorded:
+            sweep = load_sweep(args.sweep_file, args.sweep_overrides)
     except SweepError as e:
         print(f"suite report: bad sweep file: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -60,12 +60,12 @@ def _submit(sweep: Sweep, executor, cells: list[Cell], parent_id: str) -> dict[i
         if slurm:  # one job is named at submission; only an array's tasks need renaming
             executor.update_parameters(job_name=task_name(sweep, c))
         with controller_stderr(executor):
-            jobs = [executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id, _cell_tags(sweep, c), uri,
+            jobs = [executor.submit(run_cell, c.cfg, c.run_dir, parent_id, _cell_tags(sweep, c), uri,
                                     run_name(c.cfg, c.axes))]
     else:
         with controller_stderr(executor), executor.batch():
             for c in cells:
-                jobs.append(executor.submit(run_cell, list(c.overrides), c.run_dir, parent_id,
+                jobs.append(executor.submit(run_cell, c.cfg, c.run_dir, parent_id,
                                             _cell_tags(sweep, c), uri, run_name(c.cfg, c.axes)))
     launcher = "slurm" if slurm else "local"
     path = Path(sweep.state_dir) / JOBS_FILE

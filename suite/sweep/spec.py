@@ -76,19 +76,23 @@ class Cell:
 
 
 class RecordedCell(Cell):
-    """A cell as a launch recorded it in `matrix.json`: its config is composed only if asked for."""
+    """A cell as a launch recorded it in `matrix.json`: its config is built only if asked for,
+    from the config the launch recorded (`suite.config.config_from_record`), or composed from its
+    overrides when the record has none (a launch before configs were recorded)."""
 
-    def __init__(self, *, steps: int, **fields):
+    def __init__(self, *, steps: int, config: Optional[dict] = None, **fields):
         self._cfg: Optional[DictConfig] = None
         self._steps = steps
+        self._config = config
         super().__init__(cfg=None, **fields)
 
     @property
     def cfg(self) -> DictConfig:
         if self._cfg is None:
-            from suite.config import compose_config
+            from suite.config import compose_config, config_from_record
 
-            self._cfg = compose_config(list(self.overrides))
+            self._cfg = (config_from_record(self._config) if self._config is not None
+                         else compose_config(list(self.overrides)))
         return self._cfg
 
     @cfg.setter
@@ -133,7 +137,8 @@ def read_record(state_dir: str) -> Optional[tuple[dict, list[RecordedCell]]]:
         with open(os.path.join(state_dir, "matrix.json"), encoding="utf-8") as fh:
             rec = json.load(fh)
         cells = [RecordedCell(index=int(c["index"]), overrides=list(c["overrides"]), axes=dict(c["axes"]),
-                              run_id=str(c["run_id"]), run_dir=str(c["run_dir"]), steps=int(c["steps"]))
+                              run_id=str(c["run_id"]), run_dir=str(c["run_dir"]), steps=int(c["steps"]),
+                              config=c["config"] if isinstance(c.get("config"), dict) else None)
                  for c in rec["cells"]]
         if not cells or not isinstance(rec.get("tracking_uri"), str) or not isinstance(rec.get("experiment"), str):
             return None
@@ -203,6 +208,10 @@ class Sweep:
         return rows
 
     def matrix_json(self) -> str:
+        """The launch's record (`matrix.json`): the sweep's settings and each cell as composed, its
+        resolved config included (the report reads it instead of composing the cell again)."""
+        from suite.config import config_record
+
         return json.dumps({"name": self.name, "file": self.path, "cli_overrides": self.cli_overrides,
                            "state_dir": self.state_dir, "tracking_uri": self.tracking_uri,
                            "experiment": self.experiment, "launch_hash": launch_hash(self.text, self.cli_overrides),
@@ -210,7 +219,7 @@ class Sweep:
                            "launcher": asdict(self.launcher), "resources": asdict(self.resources),
                            "cells": [{"index": c.index, "axes": c.axes, "config_axes": c.config_axes,
                                       "run_id": c.run_id, "run_dir": c.run_dir, "overrides": c.overrides,
-                                      "steps": c.steps}
+                                      "steps": c.steps, "config": config_record(c.cfg)}
                                      for c in self.cells]}, indent=2)
 
     def matrix_csv(self) -> str:

@@ -1,11 +1,12 @@
 """A real sweep's worth of runs for the report tests (built once per session).
 
 A sweep file (suite.sweep.spec) with 10 cells on the tiny preset; its cells are run in this
-process through the sweep's own job runner (`suite.launch.job.run_cell`, as the local launcher
-does), as MLflow children of the sweep's parent run (`suite.sweep.launch.parent_run`) in a
-sqlite store. Two cells are made to end badly by an injected exception (the only test
-double here): one raises inside a training step (the runner marks its MLflow run FAILED), one
-is interrupted like a killed process (its MLflow run stays RUNNING). Two cells are never run
+process through the sweep's own job runner (`suite.launch.job.run_cell` with each cell's composed
+config, as the local launcher does; the launch recorded in the state dir as `suite sweep` does),
+as MLflow children of the sweep's parent run (`suite.sweep.launch.parent_run`) in a sqlite store.
+Two cells are made to end badly by an injected exception (the only test double here): one raises
+inside a training step (the runner marks its MLflow run FAILED), one is interrupted like a killed
+process (its MLflow run stays RUNNING). Two cells are never run
 (MISSING). Runtime: about a minute on 2 busy cores.
 """
 
@@ -57,6 +58,7 @@ def build_sweep_store(root: Path) -> SweepStore:
     from suite.launch.job import run_cell
     from suite.sweep.launch import parent_run
     from suite.sweep.spec import load_sweep
+    from suite.sweep.states import write_state_files
 
     uri = f"sqlite:///{root / 'mlflow.db'}"
     sweep_file = root / "sweep.yaml"
@@ -92,6 +94,7 @@ def build_sweep_store(root: Path) -> SweepStore:
         """))
     sweep = load_sweep(sweep_file)
     os.makedirs(sweep.state_dir, exist_ok=True)  # the launcher prepares it before creating the parent
+    write_state_files(sweep)  # the launch's record: the report reads the cells' configs from it, as after `suite sweep`
     parent = parent_run(sweep)
     by_key = {}
     for c in sweep.cells:
@@ -117,7 +120,7 @@ def build_sweep_store(root: Path) -> SweepStore:
         for key, want in plan.items():
             c = by_key[key]
             outcome[c.index] = want
-            args = (list(c.overrides), c.run_dir, parent, {"sweep": SWEEP, "cell": str(c.index)}, uri)
+            args = (c.cfg, c.run_dir, parent, {"sweep": SWEEP, "cell": str(c.index)}, uri)
             if want == "FINISHED":
                 run_cell(*args)
             elif want == "FAILED":

@@ -44,7 +44,67 @@ def test_status_gets_the_launch_record_and_composes_a_cell_only_when_asked(launc
     assert _cells(rec) == _cells(full) and rec.launch_note == ""
     assert (rec.state_dir, rec.tracking_uri, rec.experiment, rec.axis_keys) == \
         (full.state_dir, full.tracking_uri, full.experiment, full.axis_keys)
-    assert rec.cells[3].cfg == full.cells[3].cfg  # composed on demand, the same config
+    assert rec.cells[3].cfg == full.cells[3].cfg  # built on demand from the record: the same config
+
+
+def _sections(cfg, prefix=""):
+    """Every node's key, OmegaConf type and struct flag: what a typed config is besides its values."""
+    from omegaconf import DictConfig, OmegaConf
+
+    out = {}
+    for key in cfg:
+        node = cfg._get_node(key)
+        out[prefix + str(key)] = (OmegaConf.get_type(node), type(node).__name__, OmegaConf.is_struct(node))
+        if isinstance(node, DictConfig):
+            out.update(_sections(node, f"{prefix}{key}."))
+    return out
+
+
+def test_the_report_and_status_read_each_cells_config_from_the_launch_without_composing(launched, monkeypatch):
+    """The launch composed each cell once; its record holds the resolved config, and a recorded
+    cell's config is that record made typed again: equal values, the same run id and params, the
+    same section types and struct flags, and no compose of the cell (composing it would fail)."""
+    import suite.config
+    import suite.sweep.compose
+    from suite.config import run_id
+    from suite.report.data import config_params
+
+    path, full = launched
+    cells = json.loads((Path(full.state_dir) / "matrix.json").read_text())["cells"]
+    assert all(isinstance(c["config"], dict) and c["config"]["seed"] == full.cells[i].cfg.seed
+               for i, c in enumerate(cells))
+
+    def refuse(*a, **k):
+        raise AssertionError("a recorded cell was composed")
+
+    monkeypatch.setattr(suite.config, "compose_config", refuse)
+    monkeypatch.setattr(suite.sweep.compose, "compose_config", refuse)
+    rec = load_sweep(str(path), recorded=True)
+    for got, want in zip(rec.cells, full.cells):
+        assert got.cfg == want.cfg and run_id(got.cfg) == want.run_id == got.run_id
+        assert config_params(got.cfg) == config_params(want.cfg)
+        assert _sections(got.cfg) == _sections(want.cfg)
+    with pytest.raises(Exception, match="not in .TrainConfig."):  # as typed as a composed one: no new key
+        rec.cells[0].cfg.train.lrr = 1.0
+
+
+def test_a_record_without_configs_composes_its_cells(launched):
+    """A state dir written before configs were recorded: its cells are composed on demand."""
+    path, full = launched
+    m = Path(full.state_dir) / "matrix.json"
+    rec = json.loads(m.read_text())
+    for c in rec["cells"]:
+        del c["config"]
+    m.write_text(json.dumps(rec))
+    got = load_sweep(str(path), recorded=True)
+    assert all(isinstance(c, RecordedCell) and c._config is None for c in got.cells)
+    assert got.cells[4].cfg == full.cells[4].cfg and run_id_of(got.cells[4]) == full.cells[4].run_id
+
+
+def run_id_of(cell):
+    from suite.config import run_id
+
+    return run_id(cell.cfg)
 
 
 @pytest.mark.parametrize("change", ["edited file", "other overrides"])
@@ -153,3 +213,42 @@ def test_status_of_an_ended_sweep_reads_the_parent_status_the_driver_recorded(sw
     assert parent_status(full) == "RUNNING" and hint in status()
     MlflowClient(full.tracking_uri).set_terminated(rid, status="KILLED")  # as the driver's guard ends it
     assert parent_status(full) == "KILLED" and hint not in status()
+
+
+@pytest.mark.parametrize("launch", ["whole matrix", "narrowed with --only", "file edited since"])
+def test_the_report_expects_the_launch_cells_or_composes_the_file(launched, sweep_env, launch, monkeypatch):
+    """`suite report SWEEP_FILE` expects the cells its last launch recorded, configs and all, when
+    that launch was of the whole matrix of this very file; a launch narrowed with --only or a file
+    changed since is composed as it is now (the report is of the file's whole matrix)."""
+    import argparse
+
+    from mlflow.tracking import MlflowClient
+
+    import suite.sweep.compose
+    from suite.report.cli import _sweep_source
+
+    path, full = launched
+    MlflowClient(tracking_uri=sweep_env[0]).search_experiments()  # the store exists (the report refuses none)
+    composed = {"n": 0}
+    real = suite.sweep.compose.CellComposer.compose
+
+    def counting(self, overrides):
+        composed["n"] += 1
+        return real(self, overrides)
+
+    monkeypatch.setattr(suite.sweep.compose.CellComposer, "compose", counting)
+    if launch == "narrowed with --only":
+        write_state_files(load_sweep(str(path), only=["seed=1"]))
+    elif launch == "file edited since":
+        path.write_text(path.read_text().replace("- bf16\n", "- fp8\n"))
+    composed["n"] = 0
+    args = argparse.Namespace(sweep_file=str(path), sweep_overrides=[], tracking_uri=None, parent=None,
+                              experiment=None)
+    got = _sweep_source(args)["expected"]
+    n_composed = composed["n"]
+    want = load_sweep(str(path))
+    assert [(e["cell"], e["run_id"], e["lr"]) for e in got] == [(c.index, c.run_id, c.cfg.train.lr) for c in want.cells]
+    from suite.report.data import config_params
+
+    assert [e["params"] for e in got] == [config_params(c.cfg) for c in want.cells]
+    assert n_composed == (0 if launch == "whole matrix" else 6), launch
