@@ -110,7 +110,8 @@ def write_preview(sweep) -> str:
                             job_name=sweep.name, sweep_path=sweep.path)
     atomic_write_text(folder / "sbatch.sh", script)
     lines = ["#!/usr/bin/env bash", f"# {sweep.name}: what each array task of `{sweep.path}` runs (dry run; "
-             "a job runs `suite run` with the cell's overrides, which runs this)"]
+             "a job runs the cell's config as this driver composed it, as `suite run` with the "
+             "cell's overrides would, which runs this)"]
     for c in sweep.cells:
         lines += [f"\n# cell {c.index}: {' '.join(f'{k}={v}' for k, v in c.axes.items())}  ({c.run_id})",
                   shlex.join(c.command())]
