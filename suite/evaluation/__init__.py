@@ -18,8 +18,9 @@ Avg@32 at the recipe's temperature and top_p for QuRL's AIME and DeepScaleR tabl
 own scorer (suite.verl.reward or the run's reward file; an embedded task's exact-answer verify).
 
 Results land in the run directory (``eval/step_<N>.json``: every benchmark x engine x protocol
-scored from that checkpoint) and in the run's MLflow run as ``eval/<benchmark>/<engine>/acc/mean@k``
-at step N (``@`` is MLflow's ``_at_``). Re-running is idempotent: a scored (benchmark, engine,
+scored from that checkpoint, with the grader's name and version) and in the run's MLflow run as
+``eval/<benchmark>/<engine>/acc/mean@k`` at step N (``@`` is MLflow's ``_at_``), the grader as the tag
+``eval/<benchmark>/grader``. Re-running is idempotent: a scored (benchmark, engine,
 protocol) is read back, not recomputed, and only values MLflow lacks are sent (so a run scored during
 a tracking outage is sent by the next call).
 """
@@ -76,6 +77,7 @@ class Score:
     n_correct: int  # over prompts x samples
     acc: float  # n_correct / (n_prompts * samples)
     seconds: float  # wall time of the scoring
+    grader: str = ""  # what graded the answers, name (version): a number is published only beside its grader
 
     @property
     def key(self) -> str:
@@ -139,7 +141,7 @@ def log_to_mlflow(tracking_uri: str, mlflow_run_id: str, scores: list[Score]) ->
 def _send(tracking_uri: str, mlflow_run_id: str, scores: list[Score]) -> int:
     import time
 
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, RunTag
     from mlflow.tracking import MlflowClient
 
     from suite.tracking.mlflow_logger import mlflow_metric_key  # MLflow's spelling: `@` as `_at_`
@@ -151,8 +153,10 @@ def _send(tracking_uri: str, mlflow_run_id: str, scores: list[Score]) -> int:
         have = client.get_metric_history(mlflow_run_id, key)
         if not any(m.step == s.step and math.isclose(m.value, s.acc, rel_tol=0, abs_tol=1e-12) for m in have):
             missing.append(Metric(key, float(s.acc), int(time.time() * 1000), s.step))
-    if missing:
-        client.log_batch(mlflow_run_id, metrics=missing)
+    # the grader of each benchmark as a tag (eval/<benchmark>/grader), beside the numbers it produced
+    tags = [RunTag(f"eval/{s.benchmark}/grader", s.grader) for s in scores if s.grader]
+    if missing or tags:
+        client.log_batch(mlflow_run_id, metrics=missing, tags=list({t.key: t for t in tags}.values()))
     return len(missing)
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from suite.scoring.answers import last_boxed
+
 # The prompt suffixes of verl's examples/data_preprocess/gsm8k.py and math_dataset.py.
 GSM8K_SUFFIX = ' Let\'s think step by step and output the final answer after "####".'
 BOXED_SUFFIX = " Let's think step by step and output the final answer within \\boxed{}."
@@ -60,23 +62,6 @@ def _text(value, column: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _RowError(f"column {column!r} is {value!r}, not a non-empty string or number")
     return value.strip()
-
-
-def last_boxed(solution: str) -> str | None:
-    """The content of the last `\\boxed{...}` (or `\\fbox{...}`) in a MATH solution, braces balanced;
-    `\\boxed 5` (a few MATH solutions) up to the next `$`, as verl's math_reward.last_boxed_only_string."""
-    found = list(re.finditer(r"\\(?:boxed|fbox)", solution))
-    if not found:
-        return None
-    rest = solution[found[-1].end():]
-    if rest.startswith(" "):
-        return rest.split("$")[0].strip() or None
-    depth = 0
-    for i, ch in enumerate(rest if rest.startswith("{") else ""):
-        depth += {"{": 1, "}": -1}.get(ch, 0)
-        if depth == 0:
-            return rest[1:i].strip() or None
-    return None  # no brace after it, or unbalanced
 
 
 def _user(content: str) -> list[dict]:

@@ -67,8 +67,24 @@ def _rows(cfg: DictConfig) -> list[dict]:
 
 
 def benchmark_names(cfg: DictConfig) -> list[str]:
-    """The data sources of the run's held-out files, in file order."""
-    return list(dict.fromkeys(str(r["data_source"]) for r in _rows(cfg)))
+    """The data sources of the run's held-out files, in file order; each must have a grader (suite.scoring)
+    unless the run grades with its own reward file."""
+    from suite.scoring import UnknownSource, grader_for
+
+    rows = _rows(cfg)
+    bad = next((i for i, r in enumerate(rows) if not (isinstance(r.get("data_source"), str) and r["data_source"])),
+               None)
+    if bad is not None:
+        raise EvalError(f"backend.val_files: row {bad} has no data_source (each row names the benchmark it belongs "
+                        f"to; `suite data prepare` writes it)")
+    names = list(dict.fromkeys(str(r["data_source"]) for r in rows))
+    if not cfg.backend.reward_fn_path:
+        for name in names:
+            try:
+                grader_for(name)
+            except UnknownSource as exc:
+                raise EvalError(f"backend.val_files: {exc} (or set backend.reward_fn_path to a reward file)") from None
+    return names
 
 
 def _actor_dir(run_dir: str | os.PathLike, step: int) -> Path:
@@ -189,13 +205,26 @@ def fake_quant_checkpoint(cfg: DictConfig, merged: Path, out: Path) -> Path:
 
 
 def _scorer(cfg: DictConfig):
+    """(the run's reward file's ``compute_score``, or None for the suite's graders, and a label of the grader)."""
     from suite.verl.translate import reward_fn_file
 
+    if not cfg.backend.reward_fn_path:
+        return None, ""
     path = reward_fn_file(cfg)
     spec = importlib.util.spec_from_file_location("suite_eval_reward", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.compute_score
+    return module.compute_score, f"reward file {path}"
+
+
+def _grade(compute_score, items: list[tuple[str, str, str, dict | None]]) -> list:
+    """Each (data_source, response, truth, extra_info) graded: by the suite's graders in parallel over the
+    cores (suite.scoring), or by the run's own reward file."""
+    if compute_score is None:
+        from suite.scoring import grade_many
+
+        return grade_many([(ds, text, truth) for ds, text, truth, _ in items])
+    return [compute_score(ds, text, truth, extra) for ds, text, truth, extra in items]
 
 
 def protocol(cfg: DictConfig) -> Protocol:
@@ -252,7 +281,11 @@ def evaluate(cfg: DictConfig, run_dir: str, *, step: int, engines: list[str], na
 
         for k, v in VERL_CPU_DRIVER_ENV.items():
             os.environ.setdefault(k, v)
-    compute_score = _scorer(cfg)
+    compute_score, custom = _scorer(cfg)
+    if compute_score is None:
+        from suite.scoring import grader_for
+
+        graders = {name: grader_for(name).label() for name in names}
     merged = merge(run_dir, step, log=log)
     scores = []
     try:
@@ -270,14 +303,12 @@ def evaluate(cfg: DictConfig, run_dir: str, *, step: int, engines: list[str], na
             seconds = time.perf_counter() - t0
             for name in [n for n in names if wanted(n, engine)]:
                 idx = [i for i, r in enumerate(rows) if str(r["data_source"]) == name]
-                n_correct = 0
-                for i in idx:
-                    truth = rows[i]["reward_model"]["ground_truth"]
-                    for o in outs[i].outputs:
-                        n_correct += correct(compute_score(name, o.text, truth, rows[i].get("extra_info")))
+                items = [(name, o.text, str(rows[i]["reward_model"]["ground_truth"]), rows[i].get("extra_info"))
+                         for i in idx for o in outs[i].outputs]
+                n_correct = sum(correct(r) for r in _grade(compute_score, items))
                 acc = n_correct / (len(idx) * proto.samples)
                 scores.append(Score(name, engine, detail, proto, step, len(idx), n_correct, acc,
-                                    seconds * len(idx) / max(1, len(rows))))
+                                    seconds * len(idx) / max(1, len(rows)), custom or graders[name]))
                 log(f"suite eval: {name} {engine} {proto.metric}: {acc:.4f} ({n_correct}/{len(idx) * proto.samples}, "
                     f"{detail})")
             del llm

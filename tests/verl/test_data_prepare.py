@@ -175,11 +175,11 @@ def _acc(result) -> float:
 
 def test_the_runs_scorer_grades_every_data_source_written(tmp_path):
     """suite.verl.reward.compute_score (what verl runs and `suite eval` call) grades a right and a
-    wrong response for every data_source written: verl's own scorer where verl has one (the same
-    result as default_compute_score), the suite's for the sets verl cannot grade."""
+    wrong response for every data_source written: its registered grader (suite.scoring), verl's own
+    scorer giving default_compute_score's result where that is the grader."""
     from verl.utils.reward_score import default_compute_score
 
-    from suite.verl.reward import SUITE_SOURCES, compute_score
+    from suite.verl.reward import compute_score, grader_for
 
     written = set()
     for i, (name, records, right, wrong) in enumerate(SCORED):
@@ -187,7 +187,7 @@ def test_the_runs_scorer_grades_every_data_source_written(tmp_path):
         ds, truth = row["data_source"], row["reward_model"]["ground_truth"]
         assert _acc(compute_score(ds, right, truth)) == 1.0, (name, ds, right, truth)
         assert _acc(compute_score(ds, wrong, truth)) == 0.0, (name, ds, wrong, truth)
-        if ds not in SUITE_SOURCES:
+        if grader_for(ds).package == "verl":  # verl's own scorer, unchanged
             assert compute_score(ds, right, truth) == default_compute_score(ds, right, truth)
         written.add(ds)
     assert written == {ds for s in SOURCES.values() for ds in s.data_sources}
