@@ -51,8 +51,14 @@ def checkpoint_steps(run_dir: str | os.PathLike) -> list[int]:
     return [step for step, _ in list_checkpoints(run_dir)]
 
 
-def best_step(cfg: DictConfig, run_dir: str | os.PathLike, steps: list[int]) -> int:
-    """The checkpoint whose step has the best logged held-out accuracy (greedy mean@1)."""
+def selection_benchmarks(cfg: DictConfig) -> list[str]:
+    """The benchmarks whose in-training validation `--checkpoint best` can choose on: the run's own level."""
+    return [f"{cfg.task.name}-d{cfg.task.difficulty}"]
+
+
+def best_step(cfg: DictConfig, run_dir: str | os.PathLike, steps: list[int], select_on: list[str]) -> int:
+    """The checkpoint whose step has the best logged held-out accuracy (greedy mean@1) on the run's own
+    level, the only one an embedded run validates on (``select_on`` is that level)."""
     from suite.tracking.jsonl import read_jsonl
     from suite.tracking.rundir import METRICS_FILE
 
@@ -60,9 +66,13 @@ def best_step(cfg: DictConfig, run_dir: str | os.PathLike, steps: list[int]) -> 
     acc = {}
     path = Path(run_dir) / METRICS_FILE
     if path.is_file():
-        for entry in read_jsonl(path):
-            if key in entry.get("metrics", {}):
-                acc[int(entry["step"])] = float(entry["metrics"][key])
+        try:
+            for entry in read_jsonl(path):
+                if key in entry.get("metrics", {}):
+                    acc[int(entry["step"])] = float(entry["metrics"][key])
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError, KeyError) as exc:
+            raise EvalError(f"--checkpoint best: {path}: not a readable metrics file ({type(exc).__name__}); give a "
+                            f"step ({', '.join(map(str, steps))}) or 'last'") from None
     scored = [s for s in steps if s in acc]
     if not scored:
         raise EvalError(f"--checkpoint best: no checkpoint of {run_dir} is at an evaluated step (checkpoints: "
@@ -170,4 +180,4 @@ def evaluate(cfg: DictConfig, run_dir: str, *, step: int, engines: list[str], na
 
 
 __all__ = ["ENGINES", "benchmark_names", "benchmarks", "best_step", "check_checkpoint", "checkpoint_steps", "evaluate",
-           "load_actor", "protocols"]
+           "load_actor", "protocols", "selection_benchmarks"]

@@ -104,12 +104,12 @@ def read_results(run_dir: str | os.PathLike, step: int) -> list[Score]:
     """The scores already written for checkpoint ``step`` (empty when none)."""
     path = results_path(run_dir, step)
     try:
-        records = json.loads(path.read_text(encoding="utf-8"))["scores"]
+        return [Score.from_record(r) for r in json.loads(path.read_text(encoding="utf-8"))["scores"]]
     except FileNotFoundError:
         return []
-    except (ValueError, KeyError, TypeError) as exc:
-        raise EvalError(f"{path}: not a suite eval result file ({exc}); move it aside to score again") from None
-    return [Score.from_record(r) for r in records]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not JSON, not text, or not this shape
+        what = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+        raise EvalError(f"{path}: not a suite eval result file ({what}); move it aside to score again") from None
 
 
 def write_results(run_dir: str | os.PathLike, step: int, scores: list[Score]) -> Path:

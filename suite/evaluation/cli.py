@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from omegaconf import DictConfig, OmegaConf
+
 from suite.cli_common import GroupsHelp
 from suite.evaluation import CHECKPOINTS, ENGINES, EvalError, log_to_mlflow, read_results, write_results
 
@@ -16,7 +18,7 @@ EVAL_HELP = """Score a trained policy per benchmark, the papers' way: in bf16 (a
 
     suite eval runs/RUN_ID                                  # last checkpoint, bf16, every benchmark
     suite eval runs/RUN_ID --precision bf16,rollout         # and the quantized rollout engine beside it
-    suite eval runs/RUN_ID --benchmarks aime2024 --checkpoint best
+    suite eval runs/RUN_ID --benchmarks aime2024 --checkpoint best --select-on math500
     suite eval experiments/paper_tables.yaml backend=verl recipe=qurl-dapo ...   # every finished cell
 
 Benchmarks: a verl run's held-out data sources (its backend.val_files: e.g. openai/gsm8k, aime2024,
@@ -28,15 +30,17 @@ the run's MLflow metrics eval/<benchmark>/<engine>/acc/mean@k; a scored job is n
 """
 
 
-def _backend(cfg):
+def _backend(cfg, path: Path):
     from suite.backend import BACKENDS
 
-    return importlib.import_module(f"{BACKENDS[cfg.backend.name]}.evaluate")
+    name = OmegaConf.select(cfg, "backend.name", default=None) if isinstance(cfg, DictConfig) else None
+    if name not in BACKENDS:
+        raise EvalError(f"{path}: backend.name is {name!r}, not one of {', '.join(BACKENDS)} (not a suite run config, "
+                        f"or a damaged one)")
+    return importlib.import_module(f"{BACKENDS[name]}.evaluate")
 
 
 def _run_config(run_dir: Path):
-    from omegaconf import OmegaConf
-
     from suite.tracking.rundir import CONFIG_FILE
 
     path = run_dir / CONFIG_FILE
@@ -59,7 +63,21 @@ def _choose(flag: str, given: str | None, allowed: list[str], default: list[str]
     return list(dict.fromkeys(chosen))
 
 
-def _step(backend, cfg, run_dir: Path, checkpoint: str) -> int:
+def _selection(backend, cfg, checkpoint: str, select_on: str | None, reported: list[str]) -> list[str]:
+    """The benchmarks `--checkpoint best` chooses on: never one it then reports (choosing a checkpoint on the
+    set it is scored on inflates the score; the papers report the last step or a fixed one)."""
+    allowed = backend.selection_benchmarks(cfg)
+    if select_on is not None and checkpoint != "best":
+        raise EvalError(f"--select-on {select_on!r}: chooses the checkpoint for --checkpoint best only")
+    chosen = _choose("--select-on", select_on, allowed, allowed)
+    if checkpoint == "best" and (both := [b for b in chosen if b in reported]):
+        raise EvalError(f"--checkpoint best: chosen on the validation of {', '.join(both)}, which it would then "
+                        f"report; report other benchmarks (--benchmarks), choose on others (--select-on, one of "
+                        f"{', '.join(allowed)}), or give 'last' or a step")
+    return chosen
+
+
+def _step(backend, cfg, run_dir: Path, checkpoint: str, select_on: list[str]) -> int:
     steps = backend.checkpoint_steps(run_dir)
     if not steps:
         raise EvalError(f"{run_dir}: holds no checkpoint to score (a run writes one every ckpt_every="
@@ -67,24 +85,27 @@ def _step(backend, cfg, run_dir: Path, checkpoint: str) -> int:
     if checkpoint == "last":
         return steps[-1]
     if checkpoint == "best":
-        return backend.best_step(cfg, run_dir, steps)
+        return backend.best_step(cfg, run_dir, steps, select_on)
     if checkpoint.isdigit() and int(checkpoint) in steps:
         return int(checkpoint)
     raise EvalError(f"--checkpoint {checkpoint!r}: not one of {', '.join([*CHECKPOINTS, *map(str, steps)])}")
 
 
-def prepare(run_dir: str | os.PathLike, precision: str | None, benchmarks: str | None, checkpoint: str):
+def prepare(run_dir: str | os.PathLike, precision: str | None, benchmarks: str | None, checkpoint: str,
+            select_on: str | None = None):
     """Everything `suite eval` checks before it writes: the run, its checkpoint (readable, of the run's
     model), the engines and benchmarks asked for and their data. (cfg, backend, step, engines, names)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise EvalError(f"{run_dir}: no such run directory (or sweep file)")
     cfg = _run_config(run_dir)
-    backend = _backend(cfg)
+    from suite.tracking.rundir import CONFIG_FILE
+
+    backend = _backend(cfg, run_dir / CONFIG_FILE)
     engines = _choose("--precision", precision, list(backend.ENGINES), ["bf16"])
     names = backend.benchmark_names(cfg)  # verl: reads the val files, naming one that is missing
     chosen = _choose("--benchmarks", benchmarks, names, names)
-    step = _step(backend, cfg, run_dir, checkpoint)
+    step = _step(backend, cfg, run_dir, checkpoint, _selection(backend, cfg, checkpoint, select_on, chosen))
     backend.check_checkpoint(cfg, run_dir, step)
     from suite.tracking.fscheck import writable_problem
 
@@ -94,10 +115,11 @@ def prepare(run_dir: str | os.PathLike, precision: str | None, benchmarks: str |
 
 
 def eval_run(run_dir: str | os.PathLike, precision: str | None = None, benchmarks: str | None = None,
-             checkpoint: str = "last", force: bool = False, log=print, prepared: tuple | None = None) -> list:
+             checkpoint: str = "last", force: bool = False, log=print, prepared: tuple | None = None,
+             select_on: str | None = None) -> list:
     """Score one run (suite.evaluation); the scores of this checkpoint, old and new. ``prepared``:
     what `prepare` already returned for it (a sweep checks every cell before scoring any)."""
-    cfg, backend, step, engines, names = prepared or prepare(run_dir, precision, benchmarks, checkpoint)
+    cfg, backend, step, engines, names = prepared or prepare(run_dir, precision, benchmarks, checkpoint, select_on)
     done = [] if force else read_results(run_dir, step)
     t0 = time.perf_counter()
     new = backend.evaluate(cfg, str(run_dir), step=step, engines=engines, names=names, done=done, log=log)
@@ -165,7 +187,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.overrides:
             raise EvalError(f"overrides {' '.join(args.overrides)!r}: a run directory takes none (its config is "
                             f"its own); they belong to a sweep file")
-        scores = eval_run(target, args.precision, args.benchmarks, args.checkpoint, args.force)
+        scores = eval_run(target, args.precision, args.benchmarks, args.checkpoint, args.force,
+                          select_on=args.select_on)
     except EvalError as exc:
         print(f"suite eval: {exc}", file=sys.stderr)
         return 2
@@ -191,7 +214,8 @@ def _eval_sweep(args: argparse.Namespace) -> int:
         raise EvalError(f"{args.target}: none of its {len(sweep.cells)} cells has finished; `suite status "
                         f"{args.target}` says where they are")
     # every cell checked before any is scored
-    prepared = {c.index: prepare(c.run_dir, args.precision, args.benchmarks, args.checkpoint) for c in finished}
+    prepared = {c.index: prepare(c.run_dir, args.precision, args.benchmarks, args.checkpoint, args.select_on)
+                for c in finished}
     print(f"suite eval: {len(finished)} finished cell(s) of {len(sweep.cells)} in {args.target}", flush=True)
     if sweep.launcher.name == "slurm":
         from suite.launch.slurm import slurm_problem
@@ -211,9 +235,9 @@ def _eval_sweep(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def eval_job(run_dir: str, precision, benchmarks, checkpoint: str, force: bool) -> int:
+def eval_job(run_dir: str, precision, benchmarks, checkpoint: str, force: bool, select_on=None) -> int:
     """One cell scored inside a SLURM job (the pickled function submitit runs)."""
-    return len(eval_run(run_dir, precision, benchmarks, checkpoint, force))
+    return len(eval_run(run_dir, precision, benchmarks, checkpoint, force, select_on=select_on))
 
 
 def _eval_on_slurm(sweep, finished, args) -> int:
@@ -224,7 +248,7 @@ def _eval_on_slurm(sweep, finished, args) -> int:
                        sweep_path=args.target)
     jobs = ex.map_array(eval_job, [c.run_dir for c in finished], [args.precision] * len(finished),
                         [args.benchmarks] * len(finished), [args.checkpoint] * len(finished),
-                        [args.force] * len(finished))
+                        [args.force] * len(finished), [args.select_on] * len(finished))
     print(f"suite eval: submitted {len(jobs)} SLURM job(s) ({jobs[0].job_id.split('_')[0]}); logs in {folder}",
           flush=True)
     failed = 0
@@ -249,6 +273,9 @@ def register(subparsers) -> None:
     p.add_argument("--precision", default=None,
                    help=f"engines, comma separated: {', '.join(ENGINES)} (fp32: embedded runs; default bf16)")
     p.add_argument("--benchmarks", default=None, help="comma separated; default: every benchmark of the run")
-    p.add_argument("--checkpoint", default="last", help="last (default), best (best held-out step), or a step")
+    p.add_argument("--checkpoint", default="last", help="last (default), best (the best validated step on "
+                   "--select-on, never a benchmark it reports), or a step")
+    p.add_argument("--select-on", default=None, help="benchmarks whose in-training validation --checkpoint best "
+                   "chooses on (comma separated; default: every validated one); none may be among --benchmarks")
     p.add_argument("--force", action="store_true", help="score again what was scored")
     p.set_defaults(func=cmd_eval)

@@ -62,7 +62,7 @@ def last_boxed(text: str) -> str | None:
 
 # A trailing unit in \text{...} / \mathrm{...} / \mbox{...}: "5 \text{ cm}", "3\,\mathrm{m/s^2}".
 _UNIT = re.compile(r"\\(?:text|textbf|mathrm|mbox|textrm|operatorname)\s*\{\s*~?[A-Za-z][A-Za-z\s/^.\d~-]*\}\s*$")
-_SPACING = re.compile(r"\\[,;:! ]|~|\\quad|\\qquad")
+_SPACING = re.compile(r"\\[,;: ]|~|\\quad|\\qquad")
 _PERCENT = re.compile(r"\s*(?:\\%|%|\\text\{\s*\\?%\s*\}|\\text\{\s*percent\s*\}|\bpercent(?:age)?\b|\bpct\b)\s*$")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\degree\b|°")
 
@@ -79,7 +79,7 @@ def strip_units(answer: str) -> str:
     a = a.replace("\\$", "").replace("\\left", "").replace("\\right", "")
     a = a.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
     a = _DEGREES.sub("", a)
-    a = _SPACING.sub(" ", a).strip()
+    a = _SPACING.sub(" ", a.replace("\\!", "")).strip()  # \! is a negative space: 32,\!349 is one number
     whole = re.fullmatch(r"\\(?:text|textbf|mathrm)\{([^{}]*)\}", a)
     if whole:  # a whole answer in \text{} is its text, not a unit
         return whole.group(1).strip()
@@ -101,7 +101,10 @@ def plain_number(text: str) -> tuple[Fraction, bool] | None:
     (``0.0833``: a rounded value), or None when it is not a plain number. Reads integers (``7425000``,
     ``7,425,000``, ``32{,}349``), decimals, ``\\frac{a}{b}`` / ``\\frac12`` / ``a/b`` of integers, and a
     leading minus. Nothing else: ``2\\sqrt{3}`` is for the LaTeX grader."""
-    s = text.strip().replace(" ", "")
+    s = text.strip()
+    if re.search(r",\s", s):  # "32, 349" is a list of two numbers, "32,349" one
+        return None
+    s = s.replace(" ", "")
     if s.startswith("+"):
         s = s[1:]
     if _THOUSANDS.match(s):

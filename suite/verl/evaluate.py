@@ -98,8 +98,14 @@ def checkpoint_steps(run_dir: str | os.PathLike) -> list[int]:
     return sorted(int(m.group(1)) for p in d.iterdir() if (m := STEP_DIR.match(p.name)) and (p / "actor").is_dir())
 
 
-def best_step(cfg: DictConfig, run_dir: str | os.PathLike, steps: list[int]) -> int:
-    """The checkpoint at the step of the best logged validation (the run's MLflow history)."""
+def selection_benchmarks(cfg: DictConfig) -> list[str]:
+    """The benchmarks whose in-training validation `--checkpoint best` can choose on: every held-out set."""
+    return benchmark_names(cfg)
+
+
+def best_step(cfg: DictConfig, run_dir: str | os.PathLike, steps: list[int], select_on: list[str]) -> int:
+    """The checkpoint at the step of the best logged validation on the data sources ``select_on`` (their
+    mean; the run's MLflow history)."""
     from mlflow.tracking import MlflowClient
 
     from suite.tracking.outage import LIVE_HTTP_ENV, http_env
@@ -111,6 +117,7 @@ def best_step(cfg: DictConfig, run_dir: str | os.PathLike, steps: list[int]) -> 
         with http_env(LIVE_HTTP_ENV):
             client = MlflowClient(record["tracking_uri"])
             _, keys = held_out_keys(client.get_run(record["run_id"]).data.metrics)
+            keys = [k for k in keys if any(k.startswith(f"val-core/{name}/") for name in select_on)]
             acc: dict[int, list[float]] = {}
             for key in keys:
                 for m in client.get_metric_history(record["run_id"], key):
@@ -333,4 +340,5 @@ def _free_engine() -> None:
 
 
 __all__ = ["ENGINES", "benchmark_names", "best_step", "check_checkpoint", "checkpoint_steps", "evaluate",
+           "selection_benchmarks",
            "fake_quant_checkpoint", "merge", "protocol", "rollout_model"]

@@ -83,7 +83,16 @@ def test_best_and_numbered_checkpoints(trained):
     acc = {e["step"]: e["metrics"]["val-core/arith/acc/mean@1"] for e in hist
            if "val-core/arith/acc/mean@1" in e["metrics"] and e["step"] in (2, 4)}
     best = max(acc, key=lambda s: (acc[s], s))
-    proc = _suite("eval", run_dir, "--precision", "fp32", "--benchmarks", "arith-d1", "--checkpoint", "best")
+    # best is chosen on the run's own level (arith-d1): never reported there, on another level it is
+    _refused(_suite("eval", run_dir, "--precision", "fp32", "--benchmarks", "arith-d1", "--checkpoint", "best"),
+             "--checkpoint best: chosen on the validation of arith-d1, which it would then report")
+    _refused(_suite("eval", run_dir, "--benchmarks", "arith-d2", "--checkpoint", "best", "--select-on", "arith-d3"),
+             "--select-on 'arith-d3': not one of arith-d1")
+    _refused(_suite("eval", run_dir, "--benchmarks", "arith-d2", "--select-on", "arith-d1"), "--checkpoint best only")
+    proc = _suite("eval", run_dir, "--precision", "fp32", "--benchmarks", "arith-d2", "--checkpoint", "best")
+    assert proc.returncode == 0, proc.stderr
+    assert [x.step for x in read_results(run_dir, best) if x.engine == "fp32" and x.benchmark == "arith-d2"] == [best]
+    proc = _suite("eval", run_dir, "--precision", "fp32", "--benchmarks", "arith-d1", "--checkpoint", str(best))
     assert proc.returncode == 0, proc.stderr
     (s,) = [x for x in read_results(run_dir, best) if x.engine == "fp32" and x.benchmark == "arith-d1"]
     assert s.acc == acc[best]  # a checkpoint at an evaluated step reproduces that evaluation
@@ -161,6 +170,24 @@ class TestBadInputs:
         for p in (copy / "checkpoints").iterdir():
             p.unlink()
         _refused(_suite("eval", copy), "holds no checkpoint")
+        assert not (copy / "eval").exists()
+        # damaged files it reads: an earlier result of another shape, metrics that are not text, a config
+        # that is empty or of another backend
+        shutil.copytree(run_dir / "checkpoints", copy / "checkpoints", dirs_exist_ok=True)
+        (copy / "eval").mkdir()
+        result = copy / "eval" / "step_00000004.json"
+        for body in ('{"step": 4, "scores": [{"benchmark": "arith-d1"}]}', '[1, 2]', "\udcff", ""):
+            result.write_text(body, errors="surrogateescape")
+            _refused(_suite("eval", copy), "step_00000004.json: not a suite eval result file")
+            assert result.read_text(errors="surrogateescape") == body
+        shutil.rmtree(copy / "eval")
+        (copy / "metrics.jsonl").write_bytes(b"\xff\xfe not text")
+        _refused(_suite("eval", copy, "--benchmarks", "arith-d2", "--checkpoint", "best"),
+                 "metrics.jsonl: not a readable metrics file")
+        config = (copy / "config.yaml").read_text()
+        for body in ("", "- a list\n", config.replace("name: embedded", "name: nosuch", 1)):
+            (copy / "config.yaml").write_text(body)
+            _refused(_suite("eval", copy), "config.yaml: backend.name is", "not one of embedded, verl")
         assert not (copy / "eval").exists()
         assert _metrics(uri, run_dir) == before
 

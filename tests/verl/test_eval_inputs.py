@@ -133,3 +133,19 @@ def test_the_rollout_engine_is_the_checkpoint_a_sync_reproduces(tiny_qwen2, tmp_
         assert model == tiny_qwen2 and extra == {"quantization": "fp8"}
     else:
         assert model == tiny_qwen2 and extra == {}
+
+
+def test_held_out_rows_without_a_gradable_source_and_best_on_the_reported_sets_are_refused(verl_run, tmp_path):
+    import pandas as pd
+
+    _refused(_suite("eval", verl_run, "--checkpoint", "best"),
+             "--checkpoint best: chosen on the validation of aime2024, olympiadbench, which it would then report")
+    _refused(_suite("eval", verl_run, "--checkpoint", "best", "--benchmarks", "aime2024", "--select-on", "aime2024"),
+             "chosen on the validation of aime2024")
+    row = {"prompt": [{"role": "user", "content": "1+1="}], "reward_model": {"style": "rule", "ground_truth": "2"}}
+    val = tmp_path / "val.parquet"
+    pd.DataFrame([row]).to_parquet(val)
+    _refused(_suite("eval", verl_run), "row 0 has no data_source")
+    pd.DataFrame([{**row, "data_source": "codecontests"}]).to_parquet(val)
+    _refused(_suite("eval", verl_run), "data_source 'codecontests' has no grader", "backend.reward_fn_path")
+    assert not (verl_run / "eval").exists()
