@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 # Keys that change where results go or how fast they arrive, not what is computed: left out of
 # the run id's hash and of the MLflow params (docs/architecture.md, "MLflow experiments and runs").
 NON_SEMANTIC = ("tracking", "out_dir", "threads", "warm_start.cache_dir", "backend.recipe", "backend.dataset",
-                "backend.eval_after_train")
+                "backend.eval_after_train", "backend.val_max_new_tokens")
 # Keys added after runs were recorded, with the value that computes what those runs computed: left
 # out of the hash and the params while they hold it, so a config composed before they existed keeps
 # its run id (and a report matches its params). A new key whose default changes no numerics goes here.
@@ -46,6 +46,7 @@ OMITTED_AT_DEFAULT = {
     "backend.ref_param_offload": False,
     "backend.fsdp_size": -1,
     "backend.max_position_embeddings": 0,
+    "backend.entropy_coeff": 0.0,
 }
 # What every run, tag and report row of a verl W4A16 rollout on quant.w4a16_kernels=emulated says.
 W4A16_EMULATED_NOTE = "W4A16 numerics on bf16 kernels"

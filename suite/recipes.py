@@ -33,6 +33,9 @@ VERL_DAPO_7B = "verl@3592251 recipe/dapo/test_dapo_7b_math.sh"
 VERL_DAPO_32B = "verl v0.5.0 recipe/dapo/run_dapo_qwen2.5_32b.sh"
 DEEPSCALER = "rllm scripts/deepscaler/train/deepscaler_1.5b_8k.sh (read at uiuc-kang-lab/deepscaler@f8b91f5)"
 VERL_DEFAULT = "verl 0.9.1 default"
+DEEPSCALER_VERL = ("DeepScaleR's verl copy verl/verl/trainer/config/ppo_trainer.yaml (read at "
+                   "uiuc-kang-lab/deepscaler@60c8939)")
+DEEPSCALER_EVAL = "rllm scripts/eval/eval_model.sh (read at insop/rllm@3aa428e, a fork of agentica-project/rllm)"
 OURS = "ours"
 
 
@@ -107,6 +110,7 @@ VERL_DEFAULTS: dict[str, tuple[Any, str]] = {
     "backend.ref_param_offload": (False, "ref.fsdp_config.param_offload"),
     "backend.optimizer_offload": (False, "actor.fsdp_config.optimizer_offload"),
     "backend.fsdp_size": (-1, "actor.fsdp_config.fsdp_size"),
+    "backend.entropy_coeff": (0.0, "actor.entropy_coeff"),
     "correction.tis_cap": (2.0, "algorithm.rollout_correction.rollout_is_threshold"),
 }
 
@@ -251,8 +255,13 @@ RECIPES: dict[str, Recipe] = {
             "algo.kl_coef": Value(0.001, QURL + " (2nd-hand): k3 KL, coefficient 1e-3; " + at(DEEPSCALER, 41, 42)),
             "algo.kl_estimator": Value("k3", QURL + " (2nd-hand): k3 KL; " + at(DEEPSCALER, 43)),
             "rollout.temperature": Value(0.6, at(DEEPSCALER, 50)),
-            "rollout.eval_temperature": Value(0.6, at(DEEPSCALER, 51)),
-            "backend.val_top_p": Value(0.95, "rllm scripts/eval/eval_model.sh"),
+            "rollout.eval_temperature": Value(0.6, at(DEEPSCALER, 51) + "; " + DEEPSCALER_EVAL + " temperature=0.6"),
+            "backend.val_top_p": Value(0.95, DEEPSCALER_EVAL + " top_p=0.95"),
+            # the eval script scores with 32K-token responses, while the 8K stage trains (and validates) at 8K
+            "backend.val_max_new_tokens": Value(32768, DEEPSCALER_EVAL + " MAX_LENGTH=32768 (rollout.response_length)"),
+            # the script leaves actor.entropy_coeff at its verl copy's default
+            "backend.entropy_coeff": Value(0.001, DEEPSCALER_VERL + " actor.entropy_coeff: 0.001; " + DEEPSCALER
+                                           + " does not set it"),
             "backend.val_n": Value(32, QURL + " Table 3 (2nd-hand): Avg@32"),
             "backend.tensor_parallel_size": Value(1, at(DEEPSCALER, 48)),
             "backend.gpu_memory_utilization": Value(0.85, at(DEEPSCALER, 52)),

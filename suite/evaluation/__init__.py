@@ -74,15 +74,22 @@ class Score:
     protocol: Protocol
     step: int  # the checkpoint's RL step
     n_prompts: int
-    n_correct: int  # over prompts x samples
-    acc: float  # n_correct / (n_prompts * samples)
+    n_correct: int  # right answers of what `metric` counts: prompts x samples (mean@k), prompts (mean@1, pass@k)
+    acc: float  # n_correct over that count
     seconds: float  # wall time of the scoring
     grader: str = ""  # what graded the answers, name (version): a number is published only beside its grader
+    # what acc is, from the protocol's samples: "" = mean@k over all k (the protocol's own metric); "mean@1" = the
+    # first sample of each prompt only (Avg@1 at the protocol's temperature); "pass@k" = any of the k right
+    metric: str = ""
+
+    @property
+    def metric_name(self) -> str:
+        return self.metric or self.protocol.metric
 
     @property
     def key(self) -> str:
         """The MLflow metric key (before MLflow's `@` -> `_at_`)."""
-        return f"eval/{self.benchmark}/{self.engine}/acc/{self.protocol.metric}"
+        return f"eval/{self.benchmark}/{self.engine}/acc/{self.metric_name}"
 
     def to_record(self) -> dict:
         return dataclasses.asdict(self)
@@ -92,8 +99,8 @@ class Score:
         return cls(**{**record, "protocol": Protocol(**record["protocol"])})
 
     def same_job(self, other: "Score") -> bool:
-        return (self.benchmark, self.engine, self.protocol, self.step) == (
-            other.benchmark, other.engine, other.protocol, other.step)
+        return (self.benchmark, self.engine, self.protocol, self.step, self.metric_name) == (
+            other.benchmark, other.engine, other.protocol, other.step, other.metric_name)
 
 
 def results_path(run_dir: str | os.PathLike, step: int) -> Path:

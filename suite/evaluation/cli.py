@@ -154,18 +154,18 @@ def _to_mlflow(run_dir: Path, scores: list, log) -> None:
 
 
 def _table(scores: list) -> str:
-    rows = sorted(scores, key=lambda s: (s.benchmark, s.protocol.samples, s.engine))
+    rows = sorted(scores, key=lambda s: (s.benchmark, s.protocol.samples, s.metric_name, s.engine))
     lines = [f"{'benchmark':<24} {'metric':<9} {'engine':<8} {'acc %':>7}  n   protocol / engine"]
     for s in rows:
-        lines.append(f"{s.benchmark:<24} {s.protocol.metric:<9} {s.engine:<8} {100 * s.acc:7.2f}  "
+        lines.append(f"{s.benchmark:<24} {s.metric_name:<9} {s.engine:<8} {100 * s.acc:7.2f}  "
                      f"{s.n_prompts:<3} {s.protocol.describe()}; {s.engine_detail}")
     by = {}
     for s in rows:
-        by.setdefault((s.benchmark, s.protocol), {})[s.engine] = s.acc
-    for (bench, protocol), accs in by.items():
+        by.setdefault((s.benchmark, s.protocol, s.metric_name), {})[s.engine] = s.acc
+    for (bench, _, metric), accs in by.items():
         if "rollout" in accs and len(accs) > 1:
             ref = "bf16" if "bf16" in accs else "fp32"
-            lines.append(f"{bench} {protocol.metric}: rollout - {ref} = {100 * (accs['rollout'] - accs[ref]):+.2f} "
+            lines.append(f"{bench} {metric}: rollout - {ref} = {100 * (accs['rollout'] - accs[ref]):+.2f} "
                          f"points (the rollout engine's own error)")
     return "\n".join(lines)
 

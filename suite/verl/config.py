@@ -61,6 +61,12 @@ class VerlBackendConfig(BackendConfig):
     dataset: str = ""  # the training data's name (e.g. gsm8k): names the run instead of task.name (a label)
     val_n: int = 1  # validation samples per prompt: verl logs mean@val_n (Avg@32: 32)
     val_top_p: float = 1.0  # validation nucleus mass (temperature: rollout.eval_temperature)
+    # `suite eval`'s response budget (tokens), the paper's eval script's, apart from training's; 0 = the
+    # training budget rollout.max_new_tokens (verl's in-training validation always uses that). Not part of the run id
+    val_max_new_tokens: int = 0
+    # the actor's entropy bonus coefficient (verl's actor.entropy_coeff; 0 = verl 0.9.1's default). DeepScaleR's
+    # verl copy defaults to 0.001, which its scripts leave in place
+    entropy_coeff: float = 0.0
     lr_warmup_steps: int = -1  # actor lr warm-up steps (-1: verl's lr_warmup_steps_ratio, 0)
     use_dynamic_bsz: bool = False  # pack micro-batches by tokens instead of micro_batch_size_per_gpu
     ppo_max_token_len_per_gpu: int = 16384  # token budget of one update micro-batch (dynamic batches)
@@ -217,6 +223,8 @@ def validate_verl(cfg: DictConfig) -> None:
     check_number(cfg, "backend.gpu_memory_utilization", 0, 1, lo_open=True)
     check(b.val_n >= 1, "backend.val_n", "must be >= 1")
     check_number(cfg, "backend.val_top_p", 0, 1, lo_open=True)
+    check(b.val_max_new_tokens >= 0, "backend.val_max_new_tokens", "must be >= 0 (0: rollout.max_new_tokens)")
+    check(b.entropy_coeff >= 0, "backend.entropy_coeff", "must be >= 0 (0: no entropy bonus, verl's default)")
     check(b.lr_warmup_steps >= -1, "backend.lr_warmup_steps", "must be >= 0, or -1 for verl's default")
     check(b.max_ckpt_to_keep >= 0, "backend.max_ckpt_to_keep", "must be >= 0 (0 keeps all)")
     gpus = b.nnodes * b.n_gpus_per_node

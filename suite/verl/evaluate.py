@@ -235,20 +235,24 @@ def _grade(compute_score, items: list[tuple[str, str, str, dict | None]]) -> lis
 
 
 def protocol(cfg: DictConfig) -> Protocol:
-    """The run's validation protocol: ``backend.val_n`` samples at its evaluation temperature / top_p."""
+    """The run's eval protocol: ``backend.val_n`` samples at its evaluation temperature / top_p, each at most
+    ``backend.val_max_new_tokens`` long (the paper's eval script's budget; 0: the training budget)."""
+    from omegaconf import OmegaConf
+
     t = float(cfg.rollout.eval_temperature)
-    return Protocol(int(cfg.backend.val_n), t, float(cfg.backend.val_top_p) if t > 0 else 1.0,
-                    int(cfg.rollout.max_new_tokens))
+    # a run composed before the key existed has none: it scored at the training budget
+    budget = int(OmegaConf.select(cfg, "backend.val_max_new_tokens", default=0) or cfg.rollout.max_new_tokens)
+    return Protocol(int(cfg.backend.val_n), t, float(cfg.backend.val_top_p) if t > 0 else 1.0, budget)
 
 
-def _llm(cfg: DictConfig, model: Path, extra: dict):
+def _llm(cfg: DictConfig, model: Path, extra: dict, max_new_tokens: int):
     from vllm import LLM
 
     from suite.verl.rollout_quant import WORKER_EXTENSION
 
     b = cfg.backend
     kw = dict(model=str(model), dtype="bfloat16", seed=int(cfg.seed),
-              max_model_len=int(b.max_prompt_length) + int(cfg.rollout.max_new_tokens),
+              max_model_len=int(b.max_prompt_length) + max_new_tokens,
               # the suite's extension: on an AMX CPU it asks for the tile permission vLLM's INT8 GEMM needs
               worker_extension_cls=WORKER_EXTENSION, **extra)
     if b.device == "cpu":
@@ -302,7 +306,7 @@ def evaluate(cfg: DictConfig, run_dir: str, *, step: int, engines: list[str], na
                 model, extra, detail = merged, {}, "vLLM bf16 (merged checkpoint)"
             else:
                 model, extra, detail = rollout_model(cfg, merged, Path(run_dir) / EVAL_DIR / "merged-rollout")
-            llm = _llm(cfg, model, extra)
+            llm = _llm(cfg, model, extra, proto.max_new_tokens)
             params = SamplingParams(n=proto.samples, temperature=proto.temperature, top_p=proto.top_p,
                                     max_tokens=proto.max_new_tokens, seed=int(cfg.seed))
             t0 = time.perf_counter()
@@ -312,18 +316,31 @@ def evaluate(cfg: DictConfig, run_dir: str, *, step: int, engines: list[str], na
                 idx = [i for i, r in enumerate(rows) if str(r["data_source"]) == name]
                 items = [(name, o.text, str(rows[i]["reward_model"]["ground_truth"]), rows[i].get("extra_info"))
                          for i in idx for o in outs[i].outputs]
-                n_correct = sum(correct(r) for r in _grade(compute_score, items))
-                acc = n_correct / (len(idx) * proto.samples)
-                scores.append(Score(name, engine, detail, proto, step, len(idx), n_correct, acc,
-                                    seconds * len(idx) / max(1, len(rows)), custom or graders[name]))
-                log(f"suite eval: {name} {engine} {proto.metric}: {acc:.4f} ({n_correct}/{len(idx) * proto.samples}, "
-                    f"{detail})")
+                right = [correct(r) for r in _grade(compute_score, items)]
+                per_prompt = [right[j * proto.samples:(j + 1) * proto.samples] for j in range(len(idx))]  # [P][k]
+                seconds_here = seconds * len(idx) / max(1, len(rows))
+                for metric, n_correct, n in sample_metrics(per_prompt, proto.samples):
+                    scores.append(Score(name, engine, detail, proto, step, len(idx), n_correct, n_correct / n,
+                                        seconds_here, custom or graders[name], metric))
+                    log(f"suite eval: {name} {engine} {metric or proto.metric}: {n_correct / n:.4f} ({n_correct}/{n}, "
+                        f"{detail})")
             del llm
             _free_engine()
     finally:
         for d in (merged, Path(run_dir) / EVAL_DIR / "merged-rollout"):
             shutil.rmtree(d, ignore_errors=True)
     return scores
+
+
+def sample_metrics(per_prompt: list[list[bool]], k: int) -> list[tuple[str, int, int]]:
+    """(metric, right, out of) from one set of k samples per prompt: mean@k over all of them (metric ""),
+    and for k > 1 also mean@1 (each prompt's first sample: Avg@1 at the same temperature, so a paper's
+    Avg@1 row pairs where Avg@k is scored) and pass@k (any of the k right), keyed apart."""
+    out = [("", sum(map(sum, per_prompt)), len(per_prompt) * k)]
+    if k > 1:
+        out += [("mean@1", sum(p[0] for p in per_prompt), len(per_prompt)),
+                (f"pass@{k}", sum(any(p) for p in per_prompt), len(per_prompt))]
+    return out
 
 
 def _free_engine() -> None:
@@ -340,5 +357,5 @@ def _free_engine() -> None:
 
 
 __all__ = ["ENGINES", "benchmark_names", "best_step", "check_checkpoint", "checkpoint_steps", "evaluate",
-           "selection_benchmarks",
+           "sample_metrics", "selection_benchmarks",
            "fake_quant_checkpoint", "merge", "protocol", "rollout_model"]

@@ -120,6 +120,7 @@ VERL_SOURCES: dict[str, tuple[str, ...]] = {
     f"{AR}.rollout.val_kwargs.do_sample": ("rollout.eval_temperature",),
     f"{AR}.rollout.val_kwargs.n": ("backend.val_n",),
     f"{AR}.rollout.val_kwargs.top_p": ("backend.val_top_p",),
+    f"{AR}.actor.entropy_coeff": ("backend.entropy_coeff",),
     f"{AR}.rollout.engine_kwargs.vllm": ("quant.precision", "quant.fp8_granularity"),  # suite.verl.rollout_quant
     "critic.enable": ("algo.name",),
     "critic.model.path": ("backend.model_path", "uaq.s"),
@@ -146,7 +147,6 @@ SUITE_CHOICES: dict[str, str] = {
     "algorithm.use_kl_in_reward": "KL, when on, is a loss term (actor.use_kl_loss), as in the scripts the recipes cite",
     "data.filter_overlong_prompts": "a prompt over the budget is dropped, never cut (FlashRL's GSM8K script)",
     "data.truncation": "with overlong prompts filtered, truncation never happens; 'error' says so if it did",
-    f"{AR}.actor.entropy_coeff": "0, as every script the recipes cite",
     f"{AR}.rollout.name": "vLLM serves every rollout",
     f"{AR}.rollout.calculate_log_probs": "pi_behav from the rollout engine: the rollout_corr/ mismatch metrics",
     "trainer.val_before_train": "the held-out accuracy at step 0, before training",
@@ -298,7 +298,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"{ar}.actor.loss_agg_mode={a.agg}",
         f"{ar}.actor.use_kl_loss={_b(a.kl_coef > 0)}",
         f"{ar}.actor.kl_loss_type={KL_TYPES[a.kl_estimator]}",
-        f"{ar}.actor.entropy_coeff=0.0",
+        f"{ar}.actor.entropy_coeff={_f(b.entropy_coeff)}",
         f"{ar}.actor.data_loader_seed={cfg.seed}",
         *([f"{ar}.actor.kl_loss_coef={_f(a.kl_coef)}"] if a.kl_coef > 0 else []),  # else verl's, unused
         f"{ar}.actor.policy_loss.loss_mode={mode if CORRECTIONS[mode].verl == 'plugin' else 'vanilla'}",

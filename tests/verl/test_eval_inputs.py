@@ -149,3 +149,21 @@ def test_held_out_rows_without_a_gradable_source_and_best_on_the_reported_sets_a
     pd.DataFrame([{**row, "data_source": "codecontests"}]).to_parquet(val)
     _refused(_suite("eval", verl_run), "data_source 'codecontests' has no grader", "backend.reward_fn_path")
     assert not (verl_run / "eval").exists()
+
+
+def test_avg_at_1_and_pass_at_k_come_from_the_same_samples_keyed_apart():
+    from suite.evaluation import Protocol, Score
+    from suite.verl.evaluate import sample_metrics
+
+    per_prompt = [[True, False, False, True], [False, False, False, False], [False, True, True, True]]
+    assert sample_metrics(per_prompt, 4) == [("", 5, 12), ("mean@1", 1, 3), ("pass@4", 2, 3)]
+    assert sample_metrics([[True], [False]], 1) == [("", 1, 2)]  # one sample: mean@1 is the protocol's own
+    proto = Protocol(4, 0.6, 0.95, 32768)
+    keys = [Score("aime2024", "bf16", "", proto, 20, 3, n, n / d, 1.0, "g", m).key for m, n, d in
+            sample_metrics(per_prompt, 4)]
+    assert keys == ["eval/aime2024/bf16/acc/mean@4", "eval/aime2024/bf16/acc/mean@1", "eval/aime2024/bf16/acc/pass@4"]
+    a, b = (Score("aime2024", "bf16", "", proto, 20, 3, 1, 0.3, 1.0, "g", m) for m in ("", "mean@1"))
+    assert not a.same_job(b) and a.same_job(Score("aime2024", "bf16", "x", proto, 20, 0, 0, 0.0, 0.0))
+    assert Score.from_record({**a.to_record(), "metric": "pass@4"}).metric_name == "pass@4"
+    old = {k: v for k, v in a.to_record().items() if k not in ("grader", "metric")}  # a record of an older suite
+    assert Score.from_record(old).metric_name == "mean@4"
