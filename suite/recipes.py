@@ -362,6 +362,17 @@ def resolved_values(name: str) -> dict[str, Value]:
     return values
 
 
+# the values that make a recipe's eval protocol (`suite eval`: samples, temperature, top_p, response budget)
+EVAL_KEYS = ("backend.val_n", "rollout.eval_temperature", "backend.val_top_p", "backend.val_max_new_tokens",
+             "rollout.max_new_tokens")
+
+
+def eval_sources(name: str) -> list[tuple[str, Any, str]]:
+    """(key, value, source) of each value recipe ``name`` sets for its eval protocol."""
+    values = resolved_values(name)
+    return [(k, values[k].value, values[k].source) for k in EVAL_KEYS if k in values]
+
+
 def register(cs: ConfigStore) -> None:
     """Store each recipe as `recipe/<name>` in the ConfigStore (package `_global_`)."""
     for name, r in RECIPES.items():

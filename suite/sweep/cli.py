@@ -77,6 +77,8 @@ def print_matrix(sweep, stream=None) -> None:
 
         shown = ", ".join(f"{k}={v}" for k, v in asdict(sweep.resources).items() if v is not None)
         print(f"{sweep.resources_note}: {shown or 'the profile as is'}", file=stream)
+    for line in eval_protocol_lines(sweep):
+        print(line, file=stream)
     print(fmt.format(*header), file=stream)
     slurm = sweep.launcher.name == "slurm"
     for c, r in zip(sweep.cells, rows):
@@ -93,6 +95,26 @@ def print_matrix(sweep, stream=None) -> None:
         print(f"preview: {preview}/sbatch.sh (the script sbatch gets) and {preview}/commands.sh (each cell's "
               f"command as its job runs it)", file=stream)
     print(f"dry run: nothing submitted ({len(sweep.cells)} cells validated)", file=stream, flush=True)
+
+
+def eval_protocol_lines(sweep) -> list[str]:
+    """How `suite eval` will score the sweep's cells (per recipe: the protocol, and each value's source)."""
+    import importlib
+
+    from suite.backend import BACKENDS
+    from suite.recipes import RECIPES, eval_sources
+
+    lines, seen = [], set()
+    for c in sweep.cells:
+        recipe = str(c.cfg.backend.recipe) if c.cfg.backend.name == "verl" else ""
+        if recipe not in RECIPES or recipe in seen:
+            continue
+        seen.add(recipe)
+        evaluate = importlib.import_module(f"{BACKENDS[c.cfg.backend.name]}.evaluate")  # by name: a backend
+        lines.append(f"eval protocol of recipe {recipe} (suite eval, per benchmark): "
+                     f"{evaluate.protocol(c.cfg).describe()}")
+        lines += [f"    {key}={value}  <- {source}" for key, value, source in eval_sources(recipe)]
+    return lines
 
 
 def write_preview(sweep) -> str:

@@ -99,7 +99,14 @@ def test_the_dry_run_runs_every_value_of_the_recipe(tmp_path, tiny_qwen2, compos
     values = {k: v.value for k, v in resolved_values(name).items()}
     cells = _cells(proc.stdout, tmp_path)
     assert len(cells) == 33
-    header = proc.stdout.splitlines()[2].split()
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("cell ")).split()
+    # how suite eval will score the cells, each value with its source, before the table
+    shown = proc.stdout.split("\ncell ")[0]
+    assert f"eval protocol of recipe {name} (suite eval, per benchmark): " in shown
+    budget = values.get("backend.val_max_new_tokens") or values["rollout.max_new_tokens"]
+    assert f"<= {budget} new tokens" in shown
+    for key in ("backend.val_n", "rollout.eval_temperature", "backend.val_top_p"):
+        assert f"    {key}={values[key]}  <- {resolved_values(name)[key].source}" in shown, key
     seen_corrections = set()
     for row, argv in cells:
         axes = dict(zip(header, row))
