@@ -171,6 +171,9 @@ class RolloutConfig:
 @dataclass
 class TrainConfig:
     lr: float = 3e-5  # actor AdamW learning rate (5e-4 collapsed, 1e-4 degraded held-out accuracy: README)
+    # a learning-rate control's multiplier: the actor trains at lr x lr_factor, and a run with lr_factor != 1 is the
+    # control of the same run at 1 (QuRL's "LR x1.5" / "LR x2"); the report pairs runs by it, never by counting LRs
+    lr_factor: float = 1.0
     weight_decay: float = 0.0  # AdamW weight decay
     betas: List[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
     grad_clip: float = 1.0  # max global gradient norm
@@ -372,6 +375,7 @@ def validate(cfg: DictConfig) -> None:
     check_number(cfg, "rollout.top_p", 0, 1, lo_open=True)
     check_number(cfg, "rollout.eval_temperature", 0)
     check_number(cfg, "train.lr", 0, lo_open=True)
+    check_number(cfg, "train.lr_factor", 0, lo_open=True)
     check_number(cfg, "train.weight_decay", 0)
     betas = cfg.train.betas
     _check(betas is not None and len(betas) == 2, "train.betas", f"must be a list of two numbers [beta1, beta2], got "

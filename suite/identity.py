@@ -28,6 +28,7 @@ OMITTED_AT_DEFAULT = {
     "quant.outlier_channels": 4,
     "task.eval_rollout_copy": False,
     "train.grad_probe_every": 0,
+    "train.lr_factor": 1.0,
     "correction.tbpo_seq_weight": "geomean",
     # the verl backend's recipe settings (suite.verl.config): verl's own behaviour without them
     "backend.val_n": 1,
@@ -181,6 +182,7 @@ def identity_tags(cfg: DictConfig) -> dict[str, str]:
         # verl runs per_channel (compressed-tensors FP8) and block (its native FP8) as asked (docs/verl.md)
         "fp8_granularity": cfg.quant.fp8_granularity if cfg.quant.precision == "fp8" else "",
         "uaq_group_lr_s": f"{cfg.uaq.group_lr_s:g}",
+        "lr_factor": f"{cfg.train.lr_factor:g}",
         "group_key": group_key(cfg),
     }
 
@@ -215,7 +217,7 @@ def axes_label(cfg: DictConfig) -> str:
 # Override keys whose value `run_name` always shows (so a sweep axis over them adds nothing).
 _NAMED_KEYS = frozenset({"backend", "backend.name", "quant", "quant.precision", "correction", "correction.mode",
                          "correction.aligned_forward", "uaq.s", "algo", "algo.name", "task", "task.name", "model",
-                         "model.preset", "steps", "train.lr", "seed"})
+                         "model.preset", "steps", "train.lr", "train.lr_factor", "seed"})
 
 
 def run_name(cfg: DictConfig, varying: dict[str, str] | None = None) -> str:
@@ -225,8 +227,9 @@ def run_name(cfg: DictConfig, varying: dict[str, str] | None = None) -> str:
     tag is. `tracking.run_name` overrides it."""
     a = axes(cfg)
     parts = [] if a["backend"] == "embedded" else [a["backend"]]
+    lr = cfg.train.lr * cfg.train.lr_factor  # the rate the actor trains at
     parts += [a["algo"], a["precision"], a["correction"] + ("+aligned" if a["aligned_forward"] == "true" else ""),
-              f"s{a['uaq_s']}", a["task"], a["model"], f"{cfg.steps}steps", f"lr{cfg.train.lr:g}", f"seed{a['seed']}"]
+              f"s{a['uaq_s']}", a["task"], a["model"], f"{cfg.steps}steps", f"lr{lr:g}", f"seed{a['seed']}"]
     extra = [f"{k.lstrip('+')}={v}" for k, v in (varying or {}).items() if k.lstrip("+") not in _NAMED_KEYS]
     if emulated_w4a16(cfg):
         extra.append(f"({W4A16_EMULATED_NOTE})")

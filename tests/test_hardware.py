@@ -107,7 +107,8 @@ def test_identity_tags_name_the_numerics():
     cfg = compose_config(["quant=fp8", "quant.fp8_granularity=block", "quant.kernels=emulated",
                           "quant.bf16_kernels=native", "train.autocast=bf16"])
     assert identity_tags(cfg) == {"trainer_dtype": "bf16", "kernels": "emulated", "bf16_kernels": "native",
-                                  "fp8_granularity": "block", "uaq_group_lr_s": "1", "group_key": group_key(cfg)}
+                                  "fp8_granularity": "block", "uaq_group_lr_s": "1", "lr_factor": "1",
+                                  "group_key": group_key(cfg)}
     assert identity_tags(compose_config(["quant=int8"]))["fp8_granularity"] == ""
 
 

@@ -33,23 +33,12 @@ PRECISION_ORDER = PRECISIONS  # registry order (suite.core.quant.QUANTIZERS)
 METHOD_ORDER = tuple(CORRECTION_LABELS.values()) + tuple(f"aligned+{m}" for m in CORRECTION_LABELS.values())
 
 
-def _base_lr(runs: pd.DataFrame) -> pd.Series:
-    """Each run's reference learning rate: the most common lr among finished runs of its
-    (task, model, algo) setting (ties: the smaller). LR controls are runs away from it."""
-    done = runs[(runs["status"] == FINISHED) & runs["lr"].notna()]
-    ref = {}
-    for key, g in done.groupby(list(GROUP)):
-        counts = g["lr"].value_counts()
-        ref[key] = float(min(counts[counts == counts.max()].index))
-    return pd.Series([ref.get(tuple(r), math.nan) for r in runs[list(GROUP)].itertuples(index=False)], index=runs.index)
-
-
 def with_lr_factor(runs: pd.DataFrame) -> pd.DataFrame:
-    """`lr_factor`: train.lr over the setting's reference lr (`_base_lr`), 1 where either is unknown."""
+    """`lr_factor`: the learning-rate control each run declares (train.lr_factor; 1 where a run has none), never
+    inferred from which learning rate most runs share."""
     out = runs.copy()
-    base = _base_lr(out)
-    factor = (out["lr"] / base).round(6)
-    out["lr_factor"] = factor.where(base.notna() & out["lr"].notna(), 1.0)
+    factor = out["lr_factor"] if "lr_factor" in out else pd.Series(1.0, index=out.index)
+    out["lr_factor"] = pd.to_numeric(factor, errors="coerce").fillna(1.0).astype(float)
     return out
 
 

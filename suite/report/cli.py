@@ -95,7 +95,8 @@ def _sweep_source(args) -> dict:
             parent = found[0].info.run_id if found else None
     from suite.report.data import config_params
 
-    expected = [{"cell": c.index, "run_id": c.run_id, "lr": float(c.cfg.train.lr), "sweep": sweep.name,
+    expected = [{"cell": c.index, "run_id": c.run_id, "lr": float(c.cfg.train.lr * c.cfg.train.lr_factor),
+                 "lr_factor": float(c.cfg.train.lr_factor), "sweep": sweep.name,
                  "params": config_params(c.cfg), **c.config_axes} for c in sweep.cells]
     return {"tracking_uri": uri, "experiment": args.experiment or sweep.experiment, "parent": parent,
             "name": sweep.name, "expected": expected}

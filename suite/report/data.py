@@ -204,7 +204,9 @@ def _identity(row: dict, tags: dict, params: dict, before_rename: bool) -> dict:
     row["aligned_forward"] = str(row["aligned_forward"]).lower() == "true"
     row["seed"] = _int_or_na(row["seed"])
     # a verl run's params are verl's own config (its MLflow logger flattens it with "/")
-    row["lr"] = _float(params.get("train.lr", params.get(VERL_LR_PARAM)))
+    # the learning rate the actor trained at: train.lr x train.lr_factor (verl's param already is that product)
+    lr = _float(params.get("train.lr"))
+    row["lr"] = lr * row["lr_factor"] if "train.lr" in params else _float(params.get(VERL_LR_PARAM))
     row["steps"] = _int_or_na(params.get("steps", params.get(VERL_STEPS_PARAM)))
     return row
 
@@ -289,6 +291,7 @@ def coerce_runs(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("uaq_s", "lr", ACC):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df["uaq_group_lr_s"] = pd.to_numeric(df["uaq_group_lr_s"], errors="coerce").fillna(1.0).astype(float)
+    df["lr_factor"] = pd.to_numeric(df["lr_factor"], errors="coerce").fillna(1.0).astype(float)
     df["aligned_forward"] = df["aligned_forward"].map(
         lambda v: v if isinstance(v, bool) else str(v).lower() == "true").astype(bool)
     for col in ("start_time", "end_time"):

@@ -47,13 +47,15 @@ IDENTITY_DEFAULTS = {
     "kernels": "",  # native | emulated: low-precision rollout GEMM path; "" = not recorded
     "bf16_kernels": "",  # native | emulated: the rollout's bf16 GEMM path; "" = not recorded
     "uaq_group_lr_s": 1.0,  # per-group learning-rate control that mimics UAQ s (1 = off)
+    "lr_factor": 1.0,  # a learning-rate control's declared multiplier (train.lr_factor; 1 = not a control)
     "group_key": "",  # equal for runs whose configs differ only by the seed
     "config": "",  # the semantic params as sorted JSON (what `group_key` is derived from)
     "recipe": "",  # the paper recipe a verl run was composed with ("" = none)
     "recipe_deviations": "",  # where it departs from the recipe: "key=value (recipe: value); ..."
 }
 # Columns whose equality the explicit fallback key requires when a run has no params at all.
-KEY_COLUMNS = ("backend", "precision", "fp8_granularity", "correction", "uaq_s", "uaq_group_lr_s", "algo", "task",
+KEY_COLUMNS = ("backend", "precision", "fp8_granularity", "correction", "uaq_s", "uaq_group_lr_s", "lr_factor", "algo",
+               "task",
                "model", "aligned_forward", "trainer_dtype", "kernels", "bf16_kernels", "lr", "steps")
 
 
@@ -139,6 +141,7 @@ def from_tags_and_params(tags: dict, params: dict, precision: str, before_rename
     for k in ("kernels", "bf16_kernels"):
         out[k] = tags.get(k, "")
     out["uaq_group_lr_s"] = _float_or(tags.get("uaq_group_lr_s"), 1.0)
+    out["lr_factor"] = _float_or(tags.get("lr_factor", params.get("train.lr_factor")), 1.0)
     out["recipe"] = tags.get("recipe", "")
     out["recipe_deviations"] = tags.get("recipe_deviations", "")
     out["config"] = config_json(semantic_params(params))

@@ -80,7 +80,7 @@ VERL_SOURCES: dict[str, tuple[str, ...]] = {
     f"{AR}.model.enable_gradient_checkpointing": ("backend.gradient_checkpointing",),
     f"{AR}.model.use_remove_padding": ("backend.remove_padding",),
     f"{AR}.model.override_config.max_position_embeddings": ("backend.max_position_embeddings",),
-    f"{AR}.actor.optim.lr": ("train.lr",),
+    f"{AR}.actor.optim.lr": ("train.lr", "train.lr_factor"),
     f"{AR}.actor.optim.weight_decay": ("train.weight_decay",),
     f"{AR}.actor.optim.betas": ("train.betas",),
     f"{AR}.actor.optim.clip_grad": ("train.grad_clip",),
@@ -282,7 +282,7 @@ def verl_overrides(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         f"{ar}.model.enable_gradient_checkpointing={_b(b.gradient_checkpointing)}",
         f"{ar}.model.use_remove_padding={_b(b.remove_padding)}",
         # actor
-        f"{ar}.actor.optim.lr={_f(t.lr)}",
+        f"{ar}.actor.optim.lr={_f(t.lr * t.lr_factor)}",
         f"{ar}.actor.optim.weight_decay={_f(t.weight_decay)}",
         f"{ar}.actor.optim.betas=[{_f(t.betas[0])},{_f(t.betas[1])}]",
         f"{ar}.actor.optim.clip_grad={_f(t.grad_clip)}",

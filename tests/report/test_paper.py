@@ -76,10 +76,14 @@ def test_paper_values_match_the_published_tables():
 
 
 def _scored(recipe, model, evals, **cfg):
-    """A finished verl run composed with `recipe`, its `suite eval` scores {(benchmark, engine, k): acc}."""
+    """A finished verl run composed with `recipe` (at the recipe's learning rate), its `suite eval` scores
+    {(benchmark, engine, k): acc}."""
     import json
 
+    from suite.recipes import resolved_values
+
     return {"backend": "verl", "recipe": recipe, "model": model, "task": recipe, "steps": 10,
+            "lr": resolved_values(recipe)["train.lr"].value,
             "evals": json.dumps({f"{b}|{e}|{k}": v for (b, e, k), v in evals.items()}), **cfg}
 
 
@@ -139,21 +143,23 @@ def test_an_average_the_paper_takes_is_per_run_then_over_seeds_and_needs_every_p
 
 
 def test_uaq_pairing_matches_s_lr_and_group_lr():
+    """Each published row pairs by the runs' declared settings; the LR x1.5 control has more runs than the
+    reference (6 against 3) and stays the control (train.lr_factor says so, not the count)."""
     rows = []
     for s, f, q, acc in ((1.0, 1.0, 1.0, 0.30), (1.5, 1.0, 1.0, 0.31), (1.0, 1.5, 1.0, 0.29), (1.0, 1.0, 1.5, 0.28)):
         rows += [_scored("qurl-dapo", "Qwen2.5-Math-7B", {("aime2024", "bf16", 32): acc}, precision="int8",
-                         algo="dapo", correction="acr", uaq_s=s, lr=1e-6 * f, uaq_group_lr_s=q, seed=k)
+                         algo="dapo", correction="acr", uaq_s=s, lr=1e-6 * f, lr_factor=f, uaq_group_lr_s=q, seed=k)
                  for k in (0, 1, 2)]
-    rows += [_scored("qurl-dapo", "Qwen2.5-Math-7B", {("aime2024", "bf16", 32): 0.3}, precision="int8", algo="dapo",
-                     correction="acr", uaq_s=1.0, lr=1e-6, seed=k) for k in (3, 4, 5)]
+    rows += [_scored("qurl-dapo", "Qwen2.5-Math-7B", {("aime2024", "bf16", 32): 0.29}, precision="int8", algo="dapo",
+                     correction="acr", uaq_s=1.0, lr=1.5e-6, lr_factor=1.5, seed=k) for k in (3, 4, 5)]
     runs = frame(rows)
     scores = T.eval_scores(runs)
     pvu = T.paper_vs_uaq(scores, load_paper()["uaq"], T.group_lr_controls(scores)).set_index("label")
     assert pvu.loc["QuRL w/ UAQ s=1.5", P] == 31.25
     assert pvu.loc["QuRL w/ UAQ s=1.5", f"{M} bf16: mean"] == pytest.approx(31.0)
-    assert pvu.loc["LR x1.5", f"{M} bf16: mean"] == pytest.approx(29.0) and pvu.loc["LR x1.5", f"{M} bf16: n"] == 3
+    assert pvu.loc["LR x1.5", f"{M} bf16: mean"] == pytest.approx(29.0) and pvu.loc["LR x1.5", f"{M} bf16: n"] == 6
     assert pvu.loc["QuRL w/o UAQ", f"{M} bf16: mean"] == pytest.approx(30.0)
-    assert pvu.loc["QuRL w/o UAQ", f"{M} bf16: n"] == 6
+    assert pvu.loc["QuRL w/o UAQ", f"{M} bf16: n"] == 3
     g = pvu.loc["group LR x1.5 (s=1) (not in the paper)"]
     assert np.isnan(g[P]) and g[f"{M} bf16: mean"] == pytest.approx(28.0) and g["uaq_group_lr_s"] == 1.5
     assert pvu.loc["LR x2", f"{M} bf16: n"] == 0  # every published row stays, measured or not

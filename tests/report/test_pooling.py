@@ -52,7 +52,7 @@ AXIS_SPLITS = SPLITS + [
     ("aligned forward", {"aligned_forward": False}, {"aligned_forward": True}),
     ("algo", {"algo": "grpo"}, {"algo": "dapo"}),
     ("task", {"task": "arith"}, {"task": "word"}),
-    ("LR control x1.5", {"lr": 3e-5}, {"lr": 4.5e-5}),
+    ("LR control x1.5", {"lr": 3e-5}, {"lr": 4.5e-5, "lr_factor": 1.5}),
 ]
 
 
@@ -62,7 +62,7 @@ def _two_runs(a: dict, b: dict) -> pd.DataFrame:
                "sync_s": 0.1, "step_s": 1.0, "gen_s": 0.5}
     rows = [{"precision": "int8", "seed": s, "acc": 0.5 + 0.1 * s, **metrics, **cfg, "visibility": v + 0.001 * s}
             for cfg, v in ((a, 0.02), (b, 0.04)) for s in (0, 1)]
-    if "lr" in a:  # two more runs at a's lr make it the setting's reference lr (the LR control is b)
+    if "lr" in a:  # two more runs of a: the control b is the control by its declared factor, not by count
         rows += [{"precision": "int8", "seed": s, "acc": 0.6, **metrics, **a} for s in (2, 3)]
     return frame(rows)
 

@@ -48,7 +48,7 @@ def test_main_table_hand_computed():
         {"precision": "int8", "seed": 1, "acc": 0.60},
         {"precision": "int8", "seed": 2, "acc": 0.90, "status": "FAILED"},  # listed, not averaged
         {"precision": "int8", "seed": 3, "acc": 0.10, "status": "RUNNING"},
-        {"precision": "int8", "seed": 0, "acc": 0.99, "lr": 6e-5},  # an LR control: its own row
+        {"precision": "int8", "seed": 0, "acc": 0.99, "lr": 6e-5, "lr_factor": 2.0},  # an LR control: its own row
         {"precision": "int8", "correction": "tis", "uaq_s": 1.0, "seed": 0, "acc": 0.30},
     ])
     main = T.main_table(runs)
@@ -81,7 +81,7 @@ def test_uaq_table_settings_and_visibility():
         {"uaq_s": 1.0, "seed": 1, "acc": 0.40, "visibility": 0.030, "step_ratio": 0.4},
         {"uaq_s": 1.5, "seed": 0, "acc": 0.50, "visibility": 0.050, "step_ratio": 0.6},
         {"uaq_s": 1.5, "seed": 1, "acc": 0.60, "visibility": 0.070, "step_ratio": 0.8},
-        {"uaq_s": 1.0, "seed": 0, "acc": 0.20, "visibility": 0.020, "lr": 6e-5},  # LR x2 control
+        {"uaq_s": 1.0, "seed": 0, "acc": 0.20, "visibility": 0.020, "lr": 6e-5, "lr_factor": 2.0},  # LR x2 control
         {"uaq_s": 1.0, "seed": 0, "acc": 0.45, "visibility": 0.060, "uaq_group_lr_s": 1.5},  # per-group LR control
         {"precision": "bf16", "acc": 0.9},  # full precision: not in the ablation
     ])
@@ -255,3 +255,17 @@ def test_a_report_prepares_its_run_frame_once_and_every_table_equals_its_own_cal
         pd.testing.assert_frame_equal(tables[name].data.reset_index(drop=True), df.reset_index(drop=True))
     assert "{" not in "".join(t.caption for t in tables.values())  # every placeholder filled
     assert "Runs: 1 FAILED, 2 FINISHED." in tables["main"].caption
+
+
+def test_a_control_is_a_control_by_its_config_not_by_how_many_runs_there_are():
+    """LR x1.5 with more seeds than its reference stays the control: the factor is what the run's config
+    declares (train.lr_factor), never inferred from the learning rate most runs share."""
+    runs = frame([{"uaq_s": 1.0, "seed": s, "acc": 0.5, "lr": 4.5e-5, "lr_factor": 1.5} for s in range(3)]
+                 + [{"uaq_s": 1.0, "seed": 0, "acc": 0.4}])
+    main = T.main_table(runs)
+    assert row_of(main, precision="int8", uaq_s=1.0, lr_factor=1.5)["n"] == 3
+    assert row_of(main, precision="int8", uaq_s=1.0, lr_factor=1.0)["n"] == 1
+    uaq = T.uaq_table(runs).set_index("setting")
+    assert uaq.loc["LR x1.5 (s=1)", "n"] == 3 and uaq.loc["no UAQ (s=1)", "n"] == 1
+    # a study run at another learning rate throughout declares no control
+    assert set(T.with_lr_factor(frame([{"seed": s, "lr": 1e-3} for s in range(2)]))["lr_factor"]) == {1.0}

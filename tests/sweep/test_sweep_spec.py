@@ -148,9 +148,9 @@ def test_shipped_experiments_have_the_issue_axes(shipped):
     assert {c.cfg.correction.mode for c in mt.cells} == {"naive", "tis", "acr"}
     assert {c.cfg.algo.name for c in mt.cells} == {"grpo", "dapo", "ppo"}
     uaq = by["ablation_uaq"]
-    assert {(c.cfg.uaq.s, c.cfg.train.lr, c.cfg.uaq.group_lr_s) for c in uaq.cells} == {
-        (1.0, 3e-5, 1.0), (1.25, 3e-5, 1.0), (1.5, 3e-5, 1.0), (2.0, 3e-5, 1.0), (1.0, 4.5e-5, 1.0), (1.0, 6e-5, 1.0),
-        (1.0, 3e-5, 1.5)}
+    assert {(c.cfg.uaq.s, c.cfg.train.lr, c.cfg.train.lr_factor, c.cfg.uaq.group_lr_s) for c in uaq.cells} == {
+        (1.0, 3e-5, 1.0, 1.0), (1.25, 3e-5, 1.0, 1.0), (1.5, 3e-5, 1.0, 1.0), (2.0, 3e-5, 1.0, 1.0),
+        (1.0, 3e-5, 1.5, 1.0), (1.0, 3e-5, 2.0, 1.0), (1.0, 3e-5, 1.0, 1.5)}
     assert len(uaq.cells) == 21
     assert {c.cfg.correction.mode for c in by["ablation_acr"].cells} == {"naive", "bypass", "tis", "acr"}
     assert {c.cfg.quant.precision for c in by["kl_drift"].cells} == {"bf16", "int8", "fp8", "w4a16"}
