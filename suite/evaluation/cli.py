@@ -20,6 +20,7 @@ EVAL_HELP = """Score a trained policy per benchmark, the papers' way: in bf16 (a
     suite eval runs/RUN_ID --precision bf16,rollout         # and the quantized rollout engine beside it
     suite eval runs/RUN_ID --benchmarks aime2024 --checkpoint best --select-on math500
     suite eval experiments/paper_tables.yaml backend=verl recipe=qurl-dapo ...   # every finished cell
+    suite eval --model PATH recipe=qurl-deepscaler backend.val_files=...       # a base model (no run), step 0
 
 Benchmarks: a verl run's held-out data sources (its backend.val_files: e.g. openai/gsm8k, aime2024,
 olympiadbench); an embedded run's task at each difficulty that fits its model (arith-d1 .. arith-d4).
@@ -179,9 +180,69 @@ def _sweep_runs(path: str, overrides: list[str]):
     return sweep, finished
 
 
+BASE_CORRECTION = "base"  # what a base model's row is, as the papers' published tables call it (suite.report.paper)
+
+
+def eval_model(model: str, overrides: list[str], benchmarks: str | None, force: bool, log=print) -> list:
+    """`suite eval --model PATH OVERRIDES`: a Hugging Face model that is not a run (a paper's base model) scored
+    per benchmark in bf16 with the protocol the overrides compose (a recipe's), as step 0 of a run directory of
+    its own (`<out_dir>/base-<run id>`) and an MLflow run tagged correction=base, which the report pairs with the
+    papers' base rows."""
+    from suite.cli_common import compose_or_exit
+    from suite.identity import axes, identity_tags, run_id
+    from suite.tracking.mlflow_logger import MlflowLogger
+    from suite.tracking.rundir import CONFIG_FILE, atomic_write_text
+
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise EvalError(f"--model {model}: not a Hugging Face model directory (no config.json)")
+    given = {o.split("=", 1)[0].lstrip("+") for o in overrides if "=" in o}
+    if "backend.val_files" not in given:
+        raise EvalError("--model: give the held-out files to score, backend.val_files=FILE[,FILE] (`suite data "
+                        "prepare NAME --src FILE --out DIR` writes them), and the protocol, e.g. recipe=NAME")
+    val = next(o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "backend.val_files")
+    extra = [] if "backend.train_files" in given else [f"backend.train_files={val}"]  # nothing is trained
+    cfg = compose_or_exit(["backend=verl", f"backend.model_path={path.resolve()}", *extra, *overrides,
+                           "quant=bf16", "correction=naive", "uaq.s=1.0"])
+    backend = _backend(cfg, Path("--model"))
+    names = backend.benchmark_names(cfg)
+    chosen = _choose("--benchmarks", benchmarks, names, names)
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:  # before a run directory or an MLflow run exists
+        raise EvalError("--model: serving a model needs vLLM in this environment (pip install -e '.[gpu]' on a GPU "
+                        "node; on a CPU, the environment .ci/vllm-cpu builds)")
+    run_dir = Path(cfg.out_dir) / f"base-{run_id(cfg)}"
+    from suite.tracking.fscheck import writable_problem
+
+    if (problem := writable_problem(run_dir, "the base model's scores' directory", is_dir=True)) is not None:
+        raise EvalError(problem)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
+    tags = {**axes(cfg), **identity_tags(cfg), "correction": BASE_CORRECTION, "run_id": f"base-{run_id(cfg)}",
+            "suite.kind": "base-eval"}
+    logger = MlflowLogger.for_run_dir(run_dir, cfg.tracking.tracking_uri, cfg.tracking.experiment,
+                                      run_name=f"base {path.name} ({cfg.backend.recipe or 'no recipe'})", tags=tags)
+    logger.close("FINISHED")
+    done = [] if force else read_results(run_dir, 0)
+    new = backend.evaluate(cfg, str(run_dir), step=0, engines=["bf16"], names=chosen, done=done, log=log,
+                           model_dir=path.resolve())
+    if new:
+        log(f"suite eval: {len(new)} new score(s) in {write_results(run_dir, 0, new)}")
+    scores = [s for s in read_results(run_dir, 0) if s.benchmark in chosen]
+    _to_mlflow(run_dir, scores, log)
+    return scores
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     target = args.target
     try:
+        if args.model is not None:
+            overrides = ([target] if target else []) + list(args.overrides)
+            print(_table(eval_model(args.model, overrides, args.benchmarks, args.force)))
+            return 0
+        if target is None:
+            raise EvalError("give a run directory, a sweep file, or --model PATH")
         if os.path.isfile(target) and target.endswith((".yaml", ".yml")):
             return _eval_sweep(args)
         if args.overrides:
@@ -267,8 +328,8 @@ def register(subparsers) -> None:
                               description=EVAL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                               add_help=False)
     p.add_argument("-h", "--help", action=GroupsHelp, help="show this help and the config groups, and exit")
-    p.add_argument("target", metavar="RUN_DIR|SWEEP_FILE", help="a run's directory, or a sweep file (its finished "
-                   "cells)")
+    p.add_argument("target", metavar="RUN_DIR|SWEEP_FILE", nargs="?", help="a run's directory, or a sweep file (its "
+                   "finished cells); none with --model")
     p.add_argument("overrides", nargs="*", help="a sweep file's overrides, as given to `suite sweep`")
     p.add_argument("--precision", default=None,
                    help=f"engines, comma separated: {', '.join(ENGINES)} (fp32: embedded runs; default bf16)")
@@ -278,4 +339,6 @@ def register(subparsers) -> None:
     p.add_argument("--select-on", default=None, help="benchmarks whose in-training validation --checkpoint best "
                    "chooses on (comma separated; default: every validated one); none may be among --benchmarks")
     p.add_argument("--force", action="store_true", help="score again what was scored")
+    p.add_argument("--model", default=None, metavar="PATH", help="score a Hugging Face model that is not a run (a "
+                   "paper's base model) with the protocol its overrides compose, e.g. recipe=NAME backend.val_files=F")
     p.set_defaults(func=cmd_eval)

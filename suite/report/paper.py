@@ -9,7 +9,8 @@ for the UAQ ablation lr_factor and uaq_group_lr_s), the paper `recipe` (suite.re
 (`model_id`, matched within the run's model name). QuRL's "QuRL" column is correction acr (UAQ s =
 1.5 where the paper uses UAQ), "FlashRL" tis at s = 1, "BF16" a bf16 rollout with the stock pipeline
 (naive, s = 1), "RL (naive)" QuRL's uncorrected run (bypass; docs/math.md); an untrained model's row
-has correction `base` and pairs with nothing. A measured value pairs with a published one only when
+has correction `base` and pairs with `suite eval --model` scores of that model (runs tagged correction
+base). A measured value pairs with a published one only when
 all of that matches: the scores `suite eval` logged for that benchmark at that k (bf16, the papers'
 engine; the rollout engine beside it), never a run's in-training validation and never a mean over
 benchmarks the paper did not average. A value that is not a config value stops the report
@@ -33,7 +34,7 @@ UNSTATED = "unstated"  # an identity value the paper does not state
 NAMES = ("main", "uaq", "throughput", "kl")
 MAIN_IDENTITY = ("precision", "fp8_granularity", "correction", "aligned_forward", "uaq_s", "algo")
 UAQ_IDENTITY = (*MAIN_IDENTITY, "lr_factor", "uaq_group_lr_s")
-BASE = "base"  # the correction of an untrained model's row (a paper's "base" line): pairs with no run
+BASE = "base"  # the correction of an untrained model's row (a paper's "base" line): `suite eval --model` runs
 PLACE = ("paper", "table", "row", "column", "benchmark", "benchmark_id", "metric", "k", "label")
 # Columns each file must have; the identity ones are checked against the config's values.
 REQUIRED = {
@@ -267,7 +268,7 @@ def paired_scores(paper_rows: pd.DataFrame, evals: pd.DataFrame, ident_cols) -> 
         head[f"{PAPER_LABEL} (%)"] = p["value"]
         head["source"] = p["source"]
         found = pd.DataFrame()
-        if p["correction"] != BASE and len(evals):
+        if len(evals):
             ident = {k: p[k] for k in ident_cols}
             bid = p["benchmark_id"]
             parts = bid[len("mean:"):].split("+") if bid.startswith("mean:") else [bid]

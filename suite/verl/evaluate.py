@@ -272,8 +272,10 @@ def _prompts(rows: list[dict], model: Path) -> list[str]:
 
 
 def evaluate(cfg: DictConfig, run_dir: str, *, step: int, engines: list[str], names: list[str],
-             done: list[Score], log=print) -> list[Score]:
-    """Score checkpoint ``step`` on data sources ``names`` with ``engines``; jobs in ``done`` are skipped."""
+             done: list[Score], log=print, model_dir: Path | None = None) -> list[Score]:
+    """Score checkpoint ``step`` on data sources ``names`` with ``engines``; jobs in ``done`` are skipped.
+    ``model_dir``: a Hugging Face model to serve as it is (`suite eval --model`: a base model, step 0)
+    instead of the run's merged checkpoint."""
     from vllm import SamplingParams
 
     from suite.verl.reward import correct
@@ -297,13 +299,14 @@ def evaluate(cfg: DictConfig, run_dir: str, *, step: int, engines: list[str], na
         from suite.scoring import grader_for
 
         graders = {name: grader_for(name).label() for name in names}
-    merged = merge(run_dir, step, log=log)
+    merged = model_dir if model_dir is not None else merge(run_dir, step, log=log)
     scores = []
     try:
         prompts = _prompts(rows, merged)
         for engine in todo:
             if engine == "bf16":
-                model, extra, detail = merged, {}, "vLLM bf16 (merged checkpoint)"
+                model, extra = merged, {}
+                detail = "vLLM bf16 (" + ("the model as given" if model_dir is not None else "merged checkpoint") + ")"
             else:
                 model, extra, detail = rollout_model(cfg, merged, Path(run_dir) / EVAL_DIR / "merged-rollout")
             llm = _llm(cfg, model, extra, proto.max_new_tokens)
@@ -327,7 +330,7 @@ def evaluate(cfg: DictConfig, run_dir: str, *, step: int, engines: list[str], na
             del llm
             _free_engine()
     finally:
-        for d in (merged, Path(run_dir) / EVAL_DIR / "merged-rollout"):
+        for d in ([] if model_dir is not None else [merged]) + [Path(run_dir) / EVAL_DIR / "merged-rollout"]:
             shutil.rmtree(d, ignore_errors=True)
     return scores
 

@@ -135,7 +135,7 @@ def test_an_average_the_paper_takes_is_per_run_then_over_seeds_and_needs_every_p
     aime = pvm.loc["QuRL: AIME 2024"]
     assert (aime[f"{M} bf16: n"], aime[f"{M} bf16: mean"]) == (3, pytest.approx(100 * (0.40 + 0.50 + 0.9) / 3))
     assert pvm.loc["QuRL: Minerva-Math", f"{M} bf16: mean"] == pytest.approx(100 * (0.43 + 0.53 + 0.9) / 3)
-    assert pvm.loc["Base (SFT): avg of 5", f"{M} bf16: n"] == 0  # an untrained model's row pairs with nothing
+    assert pvm.loc["Base (SFT): avg of 5", f"{M} bf16: n"] == 0  # no base model was scored
     # the layout: QuRL's Table 3 with ours beside the published value
     grid = T.layout(T.paper_vs_main(T.eval_scores(frame(runs)), load_paper()["main"]), "QuRL", "table3")
     cell = grid.set_index("").loc["DeepScaleR, INT8", "QuRL: avg of 5"]
@@ -223,3 +223,19 @@ def test_cli_stops_on_a_bad_row_with_exit_2_and_no_traceback(tmp_path):
     assert "Traceback" not in p.stderr and str(d / "paper_main.csv") in p.stderr
     assert f"line {line}" in p.stderr and "correction='QuRL2'" in p.stderr, p.stderr
     assert not out.exists() and not (tmp_path / "none.db").exists()
+
+
+def test_a_base_model_scored_by_suite_eval_model_pairs_with_the_base_row_of_its_own_model():
+    """`suite eval --model` runs (correction base) pair with a paper's base row, and only for the model the row
+    is about: QuRL's DeepScaleR Base (SFT) values are the 1.5B distill's, so a 7B base pairs with nothing."""
+    base = {"precision": "bf16", "correction": "base", "uaq_s": 1.0, "algo": "grpo", "seed": 0}
+    runs = [_scored("qurl-deepscaler", "DeepSeek-R1-Distill-Qwen-1.5B", {(b, "bf16", 32): 0.3 + i / 100
+                                                                          for i, b in enumerate(DS5)}, **base),
+            _scored("qurl-deepscaler", "DeepSeek-R1-Distill-Qwen-7B", {(b, "bf16", 32): 0.9 for b in DS5}, **base)]
+    pvm = T.paper_vs_main(T.eval_scores(frame(runs)), load_paper()["main"]).set_index("column")
+    avg = pvm.loc["Base (SFT): avg of 5"]
+    assert (avg[P], avg[f"{M} bf16: n"]) == (48.8, 1) and avg[f"{M} bf16: mean"] == pytest.approx(32.0)
+    assert pvm.loc["Base (SFT): AIME 2024", f"{M} bf16: mean"] == pytest.approx(30.0)
+    assert pvm.loc[["QuRL: avg of 5"], f"{M} bf16: n"].eq(0).all()  # a base model is no trained policy
+    main = T.main_table(frame(runs))  # a base run in the training tables breaks nothing
+    assert set(main["method"]) == {"base"}

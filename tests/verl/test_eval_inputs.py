@@ -167,3 +167,23 @@ def test_avg_at_1_and_pass_at_k_come_from_the_same_samples_keyed_apart():
     assert Score.from_record({**a.to_record(), "metric": "pass@4"}).metric_name == "pass@4"
     old = {k: v for k, v in a.to_record().items() if k not in ("grader", "metric")}  # a record of an older suite
     assert Score.from_record(old).metric_name == "mean@4"
+
+
+def test_eval_model_refuses_what_it_cannot_score_before_anything_exists(tiny_qwen2, tmp_path):
+    import pandas as pd
+
+    val = tmp_path / "val.parquet"
+    pd.DataFrame([{"data_source": "aime2024", "prompt": [{"role": "user", "content": "1+1="}],
+                   "reward_model": {"style": "rule", "ground_truth": "2"}}]).to_parquet(val)
+    out = [f"out_dir={tmp_path / 'runs'}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    _refused(_suite("eval"), "give a run directory, a sweep file, or --model PATH")
+    _refused(_suite("eval", "--model", tmp_path / "nowhere", f"backend.val_files={val}", *out),
+             "nowhere: not a Hugging Face model directory")
+    _refused(_suite("eval", "--model", tiny_qwen2, "recipe=qurl-deepscaler", *out), "backend.val_files=FILE")
+    _refused(_suite("eval", "--model", tiny_qwen2, f"backend.val_files={val}", "--benchmarks", "gsm8k", *out),
+             "--benchmarks 'gsm8k': not one of aime2024")
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        _refused(_suite("eval", "--model", tiny_qwen2, f"backend.val_files={val}", *out), "needs vLLM")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
