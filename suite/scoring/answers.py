@@ -79,7 +79,7 @@ def strip_units(answer: str) -> str:
     a = a.replace("\\$", "").replace("\\left", "").replace("\\right", "")
     a = a.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
     a = _DEGREES.sub("", a)
-    a = _SPACING.sub(" ", a.replace("\\!", "")).strip()  # \! is a negative space: 32,\!349 is one number
+    a = _SPACING.sub(" ", re.sub(r"\\!\s*", "", a)).strip()  # \! is a negative space: 32,\! 349 is one number
     whole = re.fullmatch(r"\\(?:text|textbf|mathrm)\{([^{}]*)\}", a)
     if whole:  # a whole answer in \text{} is its text, not a unit
         return whole.group(1).strip()
