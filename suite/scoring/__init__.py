@@ -11,6 +11,10 @@ what the model wrote (verl's ``default_compute_score`` sends unknown code sets t
 - ``verl-gsm8k`` and ``verl-math-dapo``: verl's own scorers for GSM8K's ``####`` line and DAPO's
   ``Answer:`` line, kept because they are the papers' (FlashRL's GSM8K script, DAPO's recipe). Both
   compare strings with regular expressions and run nothing, so they run in the caller.
+- ``suite-choice`` (suite.scoring.choice): the option letter of ARC-Challenge, GPQA and MMLU-Pro answers;
+  text only, in the caller.
+- ``suite-code`` (suite.scoring.code): LiveCodeBench's generated code run on its tests, each run in a child
+  process of its own with resource limits, no network and an audit hook; started from the caller.
 - ``verl-prime-math``: verl 0.9.1's PRIME math grader, which ``eval``-s parts of the answer; routed from no
   data source, kept only to be measured against (benchmarks/grader_agreement.py), and only in the sandbox.
 """
@@ -43,6 +47,8 @@ class Grader:
             from suite.scoring.math_equal import version
 
             return version()
+        if self.module.startswith("suite."):  # the suite's own code: its version
+            return f"suite {metadata.version('suite')}"
         return f"{self.package} {metadata.version(self.package)}"
 
     def label(self) -> str:
@@ -57,6 +63,10 @@ GRADERS: dict[str, Grader] = {g.name: g for g in (
            "the number after GSM8K's '####' (verl's scorer, FlashRL's GSM8K protocol)"),
     Grader("verl-math-dapo", "verl.utils.reward_score.math_dapo", "compute_score", False, "verl",
            "DAPO's 'Answer:' line, normalised and compared as a string (+1 / -1)"),
+    Grader("suite-choice", "suite.scoring.choice", "score", False, "suite",
+           "the option letter of the last \\boxed{} or 'answer is (X)' (ARC-c, GPQA, MMLU-Pro); text only"),
+    Grader("suite-code", "suite.scoring.code", "score", False, "suite",
+           "the last ```python block run on every test in a sandboxed child (LiveCodeBench); 1 when all pass"),
     Grader("verl-prime-math", "suite.scoring.prime", "score", True, "verl",
            "verl 0.9.1's PRIME math grader: for comparison only (it eval()s answers; sandboxed)"),
 )}
@@ -70,6 +80,8 @@ SOURCES: dict[str, str] = {
         "minerva_math", "olympiadbench", "openr1_math",
         "numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc", "numina_cn_k12",
         "numina_olympiads")},
+    **{s: "suite-choice" for s in ("arc_c", "gpqa", "mmlu_pro")},
+    "livecodebench": "suite-code",
 }
 PREFIXES: dict[str, str] = {"aime": "verl-math-dapo"}  # verl reads every aime* source with DAPO's scorer
 

@@ -144,6 +144,93 @@ def _suite_scored(data_source: str) -> Callable[[dict, frozenset], tuple[str, li
 
 _PROBLEM_ANSWER = (("problem", "Problem"), ("answer", "Answer"))
 
+# QaRL's out-of-distribution columns (Table 1): multiple choice graded by suite.scoring.choice, code by
+# suite.scoring.code. QaRL's prompts are not published; these ask for the letter in a box, or one code block.
+CHOICE_SUFFIX = "\n\nAnswer with the letter of the correct option within \\boxed{}."
+CODE_SUFFIX = ("\n\nRead the input from standard input and write the answer to standard output. Give your solution "
+               "as one ```python code block.")
+
+
+def _lettered(question: str, options: list[str]) -> list[dict]:
+    from suite.scoring.choice import LETTERS
+
+    if not 2 <= len(options) <= len(LETTERS):
+        raise _RowError(f"{len(options)} options; a question has 2 to {len(LETTERS)}")
+    body = "\n".join(f"{LETTERS[i]}. {_text(o, 'option')}" for i, o in enumerate(options))
+    return _user(f"{question}\n\n{body}{CHOICE_SUFFIX}")
+
+
+def _arc(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
+    choices = rec["choices"]
+    if not isinstance(choices, dict) or not isinstance(choices.get("text"), (list, tuple)):
+        raise _RowError("column 'choices' is not {text: [...], label: [...]}")
+    labels = [str(x) for x in choices.get("label") or []]
+    key = _text(rec["answerKey"], "answerKey")
+    if key not in labels:
+        raise _RowError(f"answerKey {key!r} is none of the labels {labels}")
+    from suite.scoring.choice import LETTERS
+
+    return "arc_c", _lettered(_text(rec["question"], "question"), list(choices["text"])), LETTERS[labels.index(key)]
+
+
+def _gpqa(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
+    import hashlib
+    import random
+
+    from suite.scoring.choice import LETTERS
+
+    question = _text(rec["Question"], "Question")
+    right = _text(rec["Correct Answer"], "Correct Answer")
+    options = [right] + [_text(rec[f"Incorrect Answer {i}"], f"Incorrect Answer {i}") for i in (1, 2, 3)]
+    # GPQA ships the right answer first: a fixed shuffle per question (seeded by its text) places it
+    random.Random(hashlib.sha256(question.encode()).digest()).shuffle(options)
+    return "gpqa", _lettered(question, options), LETTERS[options.index(right)]
+
+
+def _mmlu_pro(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
+    options = rec["options"]
+    if not isinstance(options, (list, tuple)):
+        raise _RowError("column 'options' is not a list")
+    from suite.scoring.choice import LETTERS
+
+    answer = _text(rec["answer"], "answer").upper()
+    if answer not in LETTERS[:len(options)]:
+        raise _RowError(f"answer {answer!r} is not one of the {len(options)} options' letters")
+    return "mmlu_pro", _lettered(_text(rec["question"], "question"), list(options)), answer
+
+
+def _stdin_tests(value, column: str) -> list[dict]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            # LiveCodeBench's private tests may be a base64 zlib pickle: unpickling runs code, so it is not read
+            raise _RowError(f"column {column!r} is not JSON (a pickled test set is not read: unpickling runs code)"
+                            ) from None
+    if not isinstance(value, list):
+        raise _RowError(f"column {column!r} is not a list of tests")
+    out = []
+    for t in value:
+        if not (isinstance(t, dict) and isinstance(t.get("input"), str) and isinstance(t.get("output"), str)):
+            raise _RowError(f"column {column!r} holds a test that is not {{input, output}} strings")
+        if t.get("testtype", "stdin") != "stdin":
+            raise _RowError(f"column {column!r} holds a {t['testtype']!r} test; only stdin tests are run")
+        out.append({"input": t["input"], "output": t["output"]})
+    return out
+
+
+def _livecodebench(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
+    from suite.scoring.code import TIME_LIMIT_S
+
+    tests = _stdin_tests(rec["public_test_cases"], "public_test_cases")
+    if "private_test_cases" in columns and rec.get("private_test_cases") not in (None, "", "[]"):
+        tests += _stdin_tests(rec["private_test_cases"], "private_test_cases")
+    if not tests:
+        raise _RowError("no tests")
+    truth = json.dumps({"tests": tests, "time_limit_s": TIME_LIMIT_S})
+    return "livecodebench", _user(_text(rec["question_content"], "question_content") + CODE_SUFFIX), truth
+
+
 # default_compute_score (verl/utils/reward_score/__init__.py) dispatches: "openai/gsm8k" -> gsm8k.py (the number
 # after ####); the MATH names -> math_reward.py (last \boxed{}, MATH string normalisation: \frac12 == \dfrac{1}{2});
 # "math_dapo", "math" and "aime*" -> math_dapo.py ("Answer:" line, else the last \boxed{} compared verbatim);
@@ -185,6 +272,17 @@ SOURCES: dict[str, Source] = {
                             ("answer", "final_answer", "solution"), "test", ("olympiadbench",),
                             _suite_scored("olympiadbench"), any_of=("answer", "final_answer")),
     # QaRL's training set: OpenR1-Math-220k's schema (problem, answer), the 46K subset it trains on
+    # QaRL's out-of-distribution columns (Table 1: pass@1; LiveCodeBench pass@4), graded by suite.scoring
+    "arc-c": Source("allenai/ai2_arc ARC-Challenge (question, choices {text, label}, answerKey)",
+                    (("question",), ("choices",), ("answerKey",)), (), "test", ("arc_c",), _arc),
+    "gpqa": Source("Idavidrein/gpqa (Question, Correct Answer, Incorrect Answer 1-3)",
+                   (("Question",), ("Correct Answer",), ("Incorrect Answer 1",), ("Incorrect Answer 2",),
+                    ("Incorrect Answer 3",)), (), "test", ("gpqa",), _gpqa),
+    "mmlu-pro": Source("TIGER-Lab/MMLU-Pro (question, options, answer letter)",
+                       (("question",), ("options",), ("answer",)), (), "test", ("mmlu_pro",), _mmlu_pro),
+    "livecodebench": Source("livecodebench/code_generation_lite (question_content, public_test_cases and "
+                            "private_test_cases as JSON stdin tests)", (("question_content",), ("public_test_cases",)),
+                            ("private_test_cases",), "test", ("livecodebench",), _livecodebench),
     "openr1-math": Source("open-r1/OpenR1-Math-220k schema (problem, answer): QaRL's OpenR1-Math-46K",
                           _PROBLEM_ANSWER, ("solution",), "train", ("openr1_math",), _suite_scored("openr1_math"),
                           dedup_prompts=True),

@@ -145,3 +145,52 @@ def test_sealed_worker_refuses_writing_network_programs_and_code_from_text(tmp_p
     assert len([ln for ln in lines if ln.startswith("refused")]) == 11
     assert lines[-1] == "readable True True"  # reading files and grading still work
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep"]
+
+
+def test_choice_answers_read_the_letter_the_response_ends_on():
+    from suite.scoring.choice import choice
+
+    cases = [("so \\boxed{C}", "C"), ("\\boxed{\\text{(B)}}", "B"), ("The answer is (D).", "D"), ("Answer: A", "A"),
+             ("the answer is B; no, the answer is C", "C"), ("answer: **E**", "E"), ("The correct option is J.", "J"),
+             ("\\boxed{42}", None), ("the answer is a dog", None), ("no letter", None)]
+    assert [choice(r) for r, _ in cases] == [want for _, want in cases]
+    assert grade_many([("gpqa", "\\boxed{B}", "B"), ("mmlu_pro", "The answer is (J)", "J"),
+                       ("arc_c", "Answer: C", "D")]) == [1.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="one letter A-J"):
+        grade_many([("arc_c", "\\boxed{B}", "42")])
+
+
+def test_code_answers_run_sandboxed_pass_fail_loop_and_reach_no_network(tmp_path):
+    """LiveCodeBench-style code: a right program passes every test, a wrong one fails, an endless loop and a
+    sleep are stopped by the time limits, and a program that connects to a server listening on loopback
+    (here, in this test) or writes a file does neither."""
+    import json
+    import socket
+
+    from suite.scoring import code as C
+
+    tests = json.dumps({"tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "5 7\n", "output": "12"}],
+                        "time_limit_s": 1})
+    program = "```python\n{}\n```".format
+    target = tmp_path / "written"
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(0.5)
+        port = server.getsockname()[1]
+        answers = {
+            "right": program("a, b = map(int, input().split())\nprint(a + b)"),
+            "wrong": program("a, b = map(int, input().split())\nprint(a - b)"),
+            "loop": program("while True:\n    pass"),
+            "sleep": program("import time\ntime.sleep(60)"),
+            "network": program(f"import socket\nsocket.create_connection(('127.0.0.1', {port})).send(b'x')\n"
+                               "a, b = map(int, input().split())\nprint(a + b)"),
+            "write": program(f"open({str(target)!r}, 'w').write('x')\na, b = map(int, input().split())\nprint(a + b)"),
+            "none": "I would loop over the input.",
+        }
+        got = {k: grade_many([("livecodebench", v, tests)])[0] for k, v in answers.items()}
+        with pytest.raises(socket.timeout):
+            server.accept()  # nothing connected
+    assert got == {"right": 1.0, "wrong": 0.0, "loop": 0.0, "sleep": 0.0, "network": 0.0, "write": 0.0, "none": 0.0}
+    assert not target.exists()
+    assert C.extract_code("```\nprint(1)\n``` then ```python\nprint(2)\n```") == "print(2)\n"

@@ -53,6 +53,21 @@ OPENR1 = [{"problem": "Find $n$ with $n^2 = 49$, $n > 0$.", "solution": "$n = 7$
            "problem_type": "Algebra", "question_type": "math-word-problem", "source": "olympiads", "uuid": "u1"}]
 
 
+# QaRL's out-of-distribution sets, in their published schemas
+ARC = [{"question": "Which is a gas at room temperature?", "answerKey": "B",
+        "choices": {"text": ["iron", "oxygen", "salt", "wood"], "label": ["A", "B", "C", "D"]}}]
+ARC_NUMBERED = [{"question": "Which is a planet?", "answerKey": "3",
+                 "choices": {"text": ["the Moon", "the Sun", "Mars"], "label": ["1", "2", "3"]}}]
+GPQA = [{"Question": "Which particle carries no charge?", "Correct Answer": "neutron", "Incorrect Answer 1": "proton",
+         "Incorrect Answer 2": "electron", "Incorrect Answer 3": "positron"}]
+MMLU_PRO = [{"question": "What is 2 + 2?", "options": ["3", "4", "5", "6", "7", "8", "9", "10", "11", "12"],
+             "answer": "B"}]
+_SUM = "```python\na, b = map(int, input().split())\nprint(a {} b)\n```"
+LIVECODE = [{"question_content": "Read two integers and print their sum.",
+             "public_test_cases": json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]),
+             "private_test_cases": json.dumps([{"input": "5 7\n", "output": "12\n", "testtype": "stdin"}])}]
+
+
 def _write(path, records):
     if path.suffix == ".parquet":
         pq.write_table(pa.Table.from_pylist(records), path)
@@ -165,6 +180,11 @@ SCORED = [
     ("minerva", MINERVA_QA, "About \\boxed{4.50} years", "About \\boxed{4.6} years"),
     ("olympiadbench", OLYMPIAD, "The ratio is \\boxed{0.5}.", "The ratio is \\boxed{\\frac{1}{3}}."),
     ("openr1-math", OPENR1, "Thus $n=\\boxed{7}$.", "Thus $n=\\boxed{-7}$."),
+    ("arc-c", ARC, "Oxygen: \\boxed{B}", "The answer is (C)."),
+    ("arc-c", ARC_NUMBERED, "Answer: C", "\\boxed{A}"),
+    ("gpqa", GPQA, lambda t: f"\\boxed{{{t}}}", lambda t: "\\boxed{%s}" % ("A" if t != "A" else "B")),
+    ("mmlu-pro", MMLU_PRO, "The answer is (B).", "\\boxed{J}"),
+    ("livecodebench", LIVECODE, _SUM.format("+"), _SUM.format("-")),
 ]
 
 
@@ -185,6 +205,7 @@ def test_the_runs_scorer_grades_every_data_source_written(tmp_path):
     for i, (name, records, right, wrong) in enumerate(SCORED):
         (row,) = convert(name, _write(tmp_path / f"{i}.jsonl", records))[0][:1]
         ds, truth = row["data_source"], row["reward_model"]["ground_truth"]
+        right, wrong = (r(truth) if callable(r) else r for r in (right, wrong))  # GPQA's letter is the shuffle's
         assert _acc(compute_score(ds, right, truth)) == 1.0, (name, ds, right, truth)
         assert _acc(compute_score(ds, wrong, truth)) == 0.0, (name, ds, wrong, truth)
         if grader_for(ds).package == "verl":  # verl's own scorer, unchanged
@@ -264,3 +285,26 @@ def test_an_existing_output_is_kept_unless_forced(tmp_path):
     proc = _cli("gsm8k", "--src", one, "--out", tmp_path / "out", "--force")
     assert proc.returncode == 0, proc.stderr
     assert len(_read(out)) == 1
+
+
+def test_out_of_distribution_sets_ask_for_a_letter_or_code_and_keep_their_answers(tmp_path):
+    """QaRL's ARC-c, GPQA and MMLU-Pro become lettered options (GPQA's right answer, shipped first, placed by a
+    shuffle fixed per question), LiveCodeBench its stdin tests as JSON; a pickled test set is not read."""
+    (gpqa,) = convert("gpqa", _write(tmp_path / "g.jsonl", GPQA))[0]
+    again = convert("gpqa", _write(tmp_path / "g2.jsonl", GPQA))[0][0]
+    letter = gpqa["reward_model"]["ground_truth"]
+    assert again["reward_model"]["ground_truth"] == letter and f"{letter}. neutron" in gpqa["prompt"][0]["content"]
+    (arc,) = convert("arc-c", _write(tmp_path / "a.jsonl", ARC_NUMBERED))[0]
+    assert arc["reward_model"]["ground_truth"] == "C" and "C. Mars" in arc["prompt"][0]["content"]
+    (mmlu,) = convert("mmlu-pro", _write(tmp_path / "m.jsonl", MMLU_PRO))[0]
+    assert "J. 12" in mmlu["prompt"][0]["content"] and mmlu["data_source"] == "mmlu_pro"
+    (code,) = convert("livecodebench", _write(tmp_path / "c.jsonl", LIVECODE))[0]
+    assert json.loads(code["reward_model"]["ground_truth"])["tests"] == [{"input": "1 2\n", "output": "3\n"},
+                                                                         {"input": "5 7\n", "output": "12\n"}]
+    pickled = [{**LIVECODE[0], "private_test_cases": "eJzLSM3JyVcozy/KSQEAGgQEXQ=="}]
+    with pytest.raises(DataError, match="not JSON .a pickled test set is not read"):
+        convert("livecodebench", _write(tmp_path / "p.jsonl", pickled))
+    functional = [{**LIVECODE[0], "public_test_cases": json.dumps([{"input": "[1]", "output": "1",
+                                                                     "testtype": "functional"}])}]
+    with pytest.raises(DataError, match="'functional' test; only stdin tests are run"):
+        convert("livecodebench", _write(tmp_path / "f.jsonl", functional))
