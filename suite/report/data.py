@@ -240,31 +240,34 @@ def _run_row(run) -> dict:
     return row
 
 
-_EVAL_KEY = re.compile(r"^eval/(?P<benchmark>.+)/(?P<engine>[^/]+)/acc/mean_at_(?P<k>\d+)$")
+_EVAL_KEY = re.compile(r"^eval/(?P<benchmark>.+)/(?P<engine>[^/]+)/acc/(?P<agg>mean|pass)_at_(?P<k>\d+)$")
 
 
 def evals_json(metrics: dict) -> str:
-    """A run's `suite eval` scores (MLflow keys eval/<benchmark>/<engine>/acc/mean_at_<k>, latest value)
-    as JSON {"<benchmark>|<engine>|<k>": accuracy}: the runs frame's `evals` column ("" when none)."""
+    """A run's `suite eval` scores (MLflow keys eval/<benchmark>/<engine>/acc/mean_at_<k> and pass_at_<k>, latest
+    value) as JSON {"<benchmark>|<engine>|<k>": accuracy} for mean@k, {"<benchmark>|<engine>|pass<k>": ...} for
+    pass@k: the runs frame's `evals` column ("" when none)."""
     found = {}
     for key, value in metrics.items():
         m = _EVAL_KEY.match(key)
         if m:
-            found[f"{m['benchmark']}|{m['engine']}|{m['k']}"] = float(value)
+            found[f"{m['benchmark']}|{m['engine']}|{'pass' if m['agg'] == 'pass' else ''}{m['k']}"] = float(value)
     return json.dumps(found, sort_keys=True) if found else ""
 
 
 def eval_rows(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per run x scored (benchmark, engine, k) from the runs frame's `evals` column: the run's
-    columns, then benchmark, engine, k and acc (a fraction)."""
+    """One row per run x scored (benchmark, engine, k, agg) from the runs frame's `evals` column: the run's
+    columns, then benchmark, engine, k, agg (mean: mean@k; pass: pass@k, any of k right) and acc (a fraction)."""
     rows = []
     for _, r in runs.iterrows():
         if not isinstance(r.get("evals"), str) or not r["evals"]:
             continue
         for key, acc in json.loads(r["evals"]).items():
             benchmark, engine, k = key.rsplit("|", 2)
-            rows.append({**r.to_dict(), "benchmark": benchmark, "engine": engine, "k": int(k), "eval_acc": acc})
-    return pd.DataFrame(rows, columns=[*runs.columns, "benchmark", "engine", "k", "eval_acc"])
+            agg = "pass" if k.startswith("pass") else "mean"
+            rows.append({**r.to_dict(), "benchmark": benchmark, "engine": engine, "k": int(k.removeprefix("pass")),
+                         "agg": agg, "eval_acc": acc})
+    return pd.DataFrame(rows, columns=[*runs.columns, "benchmark", "engine", "k", "agg", "eval_acc"])
 
 
 def runs_frame(runs: list) -> pd.DataFrame:

@@ -218,7 +218,8 @@ def display_eval(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         **{k: cells[k] for k in ("task", "model", "algo", "backend", "precision", "method", "UAQ s", "LR", "steps",
                                  "recipe", "variant")},
-        "benchmark": df["benchmark"], "metric": [f"mean@{int(k)}" for k in df["k"]], "engine": df["engine"],
+        "benchmark": df["benchmark"], "metric": [f"{a}@{int(k)}" for k, a in zip(df["k"], df["agg"])],
+        "engine": df["engine"],
         "n": df["n"],
         "acc % [95% CI]": [acc_ci(*a) for a in zip(df["acc_pct"], df["acc_ci_low"], df["acc_ci_high"], df["n"])],
         "acc % per seed": [per_seed(s, v) for s, v in zip(df["seeds"], df["values"])],

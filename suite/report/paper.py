@@ -242,10 +242,16 @@ MEASURED_FIELDS = ("task", "model", "algo", "backend", "steps", "lr", "trainer_d
 ENGINES = ("bf16", "rollout")  # the papers' engine, and the run's rollout engine beside it
 
 
-def _per_run(evals: pd.DataFrame, benchmark_id: str, k: int, engine: str) -> pd.DataFrame:
-    """One value per run (accuracy in %) of `benchmark_id` at k samples by `engine`: the benchmark's
-    score, or for `mean:a+b+..` the mean of its parts where the run has every part (else no value)."""
-    e = evals[(evals["engine"] == engine) & (evals["k"] == k)]
+def aggregate(metric: str, k: int) -> str:
+    """How a published value aggregates its k samples: "pass" (pass@k: any of k right) where its metric says
+    pass@k for k > 1, else "mean" (mean@k / Avg@k; greedy pass@1 is mean@1)."""
+    return "pass" if k > 1 and f"pass@{k}" in str(metric) else "mean"
+
+
+def _per_run(evals: pd.DataFrame, benchmark_id: str, k: int, engine: str, agg: str = "mean") -> pd.DataFrame:
+    """One value per run (accuracy in %) of `benchmark_id` at k samples (`agg`: mean@k or pass@k) by `engine`:
+    the benchmark's score, or for `mean:a+b+..` the mean of its parts where the run has every part."""
+    e = evals[(evals["engine"] == engine) & (evals["k"] == k) & (evals["agg"] == agg)]
     parts = benchmark_id[len("mean:"):].split("+") if benchmark_id.startswith("mean:") else [benchmark_id]
     e = e[e["benchmark"].isin(parts)]
     rows = []
@@ -273,7 +279,8 @@ def paired_scores(paper_rows: pd.DataFrame, evals: pd.DataFrame, ident_cols) -> 
             bid = p["benchmark_id"]
             parts = bid[len("mean:"):].split("+") if bid.startswith("mean:") else [bid]
             # the scores of this benchmark (or of its parts) at this k, by runs of this identity, recipe and model
-            found = evals[[r["benchmark"] in parts and r["k"] == p["k"] and matches(r, ident)
+            agg = aggregate(p["metric"], int(p["k"]))
+            found = evals[[r["benchmark"] in parts and r["k"] == p["k"] and r["agg"] == agg and matches(r, ident)
                            and r["recipe"] == p["recipe"] and _model_matches(r["model"], p["model_id"])
                            for r in evals.to_dict("records")]]
         configs = list(dict.fromkeys(found["group_key"])) if len(found) else [None]
@@ -287,7 +294,8 @@ def paired_scores(paper_rows: pd.DataFrame, evals: pd.DataFrame, ident_cols) -> 
                 "no measured run of this benchmark and identity"
             means = {}
             for engine in ENGINES:
-                per = _per_run(rows, p["benchmark_id"], int(p["k"]), engine) if len(rows) else pd.DataFrame()
+                per = _per_run(rows, p["benchmark_id"], int(p["k"]), engine, aggregate(p["metric"], int(p["k"]))) \
+                    if len(rows) else pd.DataFrame()
                 stats = cell_stats(per, "value_pct") if len(per) else empty_stats()
                 means[engine] = stats["mean"]
                 for stat, value in stats.items():

@@ -80,7 +80,7 @@ SOURCES: dict[str, str] = {
         "minerva_math", "olympiadbench", "openr1_math",
         "numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc", "numina_cn_k12",
         "numina_olympiads")},
-    **{s: "suite-choice" for s in ("arc_c", "gpqa", "mmlu_pro")},
+    **{s: "suite-choice" for s in ("arc-c", "gpqa", "mmlu-pro")},
     "livecodebench": "suite-code",
 }
 PREFIXES: dict[str, str] = {"aime": "verl-math-dapo"}  # verl reads every aime* source with DAPO's scorer

@@ -170,7 +170,7 @@ def _arc(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
         raise _RowError(f"answerKey {key!r} is none of the labels {labels}")
     from suite.scoring.choice import LETTERS
 
-    return "arc_c", _lettered(_text(rec["question"], "question"), list(choices["text"])), LETTERS[labels.index(key)]
+    return "arc-c", _lettered(_text(rec["question"], "question"), list(choices["text"])), LETTERS[labels.index(key)]
 
 
 def _gpqa(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
@@ -196,7 +196,7 @@ def _mmlu_pro(rec: dict, columns: frozenset) -> tuple[str, list[dict], str]:
     answer = _text(rec["answer"], "answer").upper()
     if answer not in LETTERS[:len(options)]:
         raise _RowError(f"answer {answer!r} is not one of the {len(options)} options' letters")
-    return "mmlu_pro", _lettered(_text(rec["question"], "question"), list(options)), answer
+    return "mmlu-pro", _lettered(_text(rec["question"], "question"), list(options)), answer
 
 
 def _stdin_tests(value, column: str) -> list[dict]:
@@ -274,12 +274,12 @@ SOURCES: dict[str, Source] = {
     # QaRL's training set: OpenR1-Math-220k's schema (problem, answer), the 46K subset it trains on
     # QaRL's out-of-distribution columns (Table 1: pass@1; LiveCodeBench pass@4), graded by suite.scoring
     "arc-c": Source("allenai/ai2_arc ARC-Challenge (question, choices {text, label}, answerKey)",
-                    (("question",), ("choices",), ("answerKey",)), (), "test", ("arc_c",), _arc),
+                    (("question",), ("choices",), ("answerKey",)), (), "test", ("arc-c",), _arc),
     "gpqa": Source("Idavidrein/gpqa (Question, Correct Answer, Incorrect Answer 1-3)",
                    (("Question",), ("Correct Answer",), ("Incorrect Answer 1",), ("Incorrect Answer 2",),
                     ("Incorrect Answer 3",)), (), "test", ("gpqa",), _gpqa),
     "mmlu-pro": Source("TIGER-Lab/MMLU-Pro (question, options, answer letter)",
-                       (("question",), ("options",), ("answer",)), (), "test", ("mmlu_pro",), _mmlu_pro),
+                       (("question",), ("options",), ("answer",)), (), "test", ("mmlu-pro",), _mmlu_pro),
     "livecodebench": Source("livecodebench/code_generation_lite (question_content, public_test_cases and "
                             "private_test_cases as JSON stdin tests)", (("question_content",), ("public_test_cases",)),
                             ("private_test_cases",), "test", ("livecodebench",), _livecodebench),

@@ -239,3 +239,22 @@ def test_a_base_model_scored_by_suite_eval_model_pairs_with_the_base_row_of_its_
     assert pvm.loc[["QuRL: avg of 5"], f"{M} bf16: n"].eq(0).all()  # a base model is no trained policy
     main = T.main_table(frame(runs))  # a base run in the training tables breaks nothing
     assert set(main["method"]) == {"base"}
+
+
+def test_a_pass_at_k_column_pairs_with_pass_at_k_never_with_mean_at_k():
+    """QaRL's LiveCodeBench column is pass@4: a run's pass@4 pairs with it, its mean@4 (from the same four
+    samples) does not; its ARC-c column (pass@1) pairs with mean@1."""
+    import json
+
+    run = _scored("qarl-math", "Qwen2.5-Math-1.5B", {("arc-c", "bf16", 1): 0.6, ("livecodebench", "bf16", 4): 0.1},
+                  precision="bf16", correction="naive", uaq_s=1.0, algo="grpo", seed=0)
+    run["evals"] = json.dumps({**json.loads(run["evals"]), "livecodebench|bf16|pass4": 0.25})
+    scores = T.eval_scores(frame([run]))
+    assert sorted(zip(scores["benchmark"], scores["k"], scores["agg"])) == [
+        ("arc-c", 1, "mean"), ("livecodebench", 4, "mean"), ("livecodebench", 4, "pass")]
+    pvm = T.paper_vs_main(scores, load_paper()["main"])
+    bf16 = pvm[(pvm["paper"] == "QaRL") & (pvm["row"] == "BF16 GRPO")].set_index("column")
+    assert bf16.loc["LiveCodeBench (OOD)", f"{M} bf16: mean"] == pytest.approx(25.0)
+    assert bf16.loc["ARC-c (OOD)", f"{M} bf16: mean"] == pytest.approx(60.0)
+    table = T.eval_table(frame([run]))
+    assert sorted(T.fmt.display_eval(table)["metric"]) == ["mean@1", "mean@4", "pass@4"]

@@ -154,10 +154,10 @@ def test_choice_answers_read_the_letter_the_response_ends_on():
              ("the answer is B; no, the answer is C", "C"), ("answer: **E**", "E"), ("The correct option is J.", "J"),
              ("\\boxed{42}", None), ("the answer is a dog", None), ("no letter", None)]
     assert [choice(r) for r, _ in cases] == [want for _, want in cases]
-    assert grade_many([("gpqa", "\\boxed{B}", "B"), ("mmlu_pro", "The answer is (J)", "J"),
-                       ("arc_c", "Answer: C", "D")]) == [1.0, 1.0, 0.0]
+    assert grade_many([("gpqa", "\\boxed{B}", "B"), ("mmlu-pro", "The answer is (J)", "J"),
+                       ("arc-c", "Answer: C", "D")]) == [1.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="one letter A-J"):
-        grade_many([("arc_c", "\\boxed{B}", "42")])
+        grade_many([("arc-c", "\\boxed{B}", "42")])
 
 
 def test_code_answers_run_sandboxed_pass_fail_loop_and_reach_no_network(tmp_path):

@@ -297,7 +297,7 @@ def test_out_of_distribution_sets_ask_for_a_letter_or_code_and_keep_their_answer
     (arc,) = convert("arc-c", _write(tmp_path / "a.jsonl", ARC_NUMBERED))[0]
     assert arc["reward_model"]["ground_truth"] == "C" and "C. Mars" in arc["prompt"][0]["content"]
     (mmlu,) = convert("mmlu-pro", _write(tmp_path / "m.jsonl", MMLU_PRO))[0]
-    assert "J. 12" in mmlu["prompt"][0]["content"] and mmlu["data_source"] == "mmlu_pro"
+    assert "J. 12" in mmlu["prompt"][0]["content"] and mmlu["data_source"] == "mmlu-pro"
     (code,) = convert("livecodebench", _write(tmp_path / "c.jsonl", LIVECODE))[0]
     assert json.loads(code["reward_model"]["ground_truth"])["tests"] == [{"input": "1 2\n", "output": "3\n"},
                                                                          {"input": "5 7\n", "output": "12\n"}]

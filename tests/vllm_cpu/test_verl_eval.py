@@ -137,7 +137,8 @@ def test_suite_eval_model_scores_a_base_model_and_its_row_pairs_in_the_papers_la
     warm start, in a directory named as the 1.5B distill the published Base (SFT) row is about) scored on
     DeepScaleR's five benchmarks with the recipe's protocol (Avg@32 at T 0.6, top_p 0.95; a 24-token budget
     instead of 32K for the tiny model), graded by the suite's math grader; its scores land in MLflow as a
-    correction=base run that QuRL Table 3's Base (SFT) row pairs with in the paper's layout."""
+    correction=base run that QuRL Table 3's Base (SFT) row pairs with in the paper's layout. The grader of each
+    benchmark is recorded beside its score."""
     import shutil
 
     import pandas as pd
@@ -148,6 +149,7 @@ def test_suite_eval_model_scores_a_base_model_and_its_row_pairs_in_the_papers_la
     from suite.report import tables as T
     from suite.report.data import load_runs
     from suite.report.paper import load_paper
+    from suite.scoring import grader_for
 
     cell = ["task.n_eval=8", "warm_start.steps=100", "threads=2", "uaq.s=1.0", "task.difficulty=1",
             f"warm_start.cache_dir={tmp_path / 'warm'}"]
@@ -173,7 +175,7 @@ def test_suite_eval_model_scores_a_base_model_and_its_row_pairs_in_the_papers_la
         assert (s.step, s.engine, s.n_prompts) == (0, "bf16", 2)
         assert (s.protocol.samples, s.protocol.temperature, s.protocol.top_p, s.protocol.max_new_tokens) == (
             32, 0.6, 0.95, 24)
-        assert s.grader.startswith("suite-math-verify (math-verify 0.9.0") and "as given" in s.engine_detail
+        assert s.grader == grader_for(s.benchmark).label() and "as given" in s.engine_detail
     assert {s.metric_name for s in read_results(run_dir, 0)} == {"mean@32", "mean@1", "pass@32"}
     assert not (run_dir / "eval" / "merged").exists() and model.is_dir()  # the given model is left as it is
 
