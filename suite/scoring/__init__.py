@@ -105,7 +105,8 @@ _sandbox_lock = threading.Lock()
 
 
 def grading_pool():
-    """This process's sealed grading pool (started on first use, one worker per core, closed at exit)."""
+    """This process's sealed grading pool (started on first use, one worker per core up to 8, or
+    $SUITE_GRADING_WORKERS; closed at exit)."""
     global _sandbox
     with _sandbox_lock:
         if _sandbox is None:

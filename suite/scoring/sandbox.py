@@ -131,8 +131,15 @@ def _run(jobs: list[tuple[str, str, str, str]]) -> list[tuple[float, str]]:
     return out
 
 
+MAX_WORKERS = 8  # per grading process: verl runs several reward workers per node, each with its own pool
+
+
 def default_workers() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    """Workers of a pool: $SUITE_GRADING_WORKERS, else this process's cores, at most `MAX_WORKERS`."""
+    if os.environ.get("SUITE_GRADING_WORKERS", "").isdigit() and int(os.environ["SUITE_GRADING_WORKERS"]) > 0:
+        return int(os.environ["SUITE_GRADING_WORKERS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, MAX_WORKERS))
 
 
 class Sandbox:
