@@ -151,7 +151,11 @@ def evaluate(cfg: DictConfig, run_dir: str, *, step: int, engines: list[str], na
     from suite.embedded.tasks import make_split, make_task
     from suite.embedded.trainer import EVAL_SEED, EmbeddedRun, count_correct
 
+    from importlib import metadata
+
     run = EmbeddedRun(cfg, run_dir, progress=False)  # the run's settings; nothing is trained or written
+    # the task's own exact-answer check (suite.embedded.tasks), recorded beside every score as verl's graders are
+    grader = f"suite-{cfg.task.name}-verify (suite {metadata.version('suite')})"
     actor = load_actor(cfg, run_dir, step)
     table = benchmarks(cfg)
     scores = []
@@ -173,7 +177,7 @@ def evaluate(cfg: DictConfig, run_dir: str, *, step: int, engines: list[str], na
                                         top_p=protocol.top_p, seed=seed)
                 acc = correct / (len(prompts) * protocol.samples)
                 scores.append(Score(name, engine, detail, protocol, step, len(prompts), correct, acc,
-                                    time.perf_counter() - t0))
+                                    time.perf_counter() - t0, grader))
                 log(f"suite eval: {name} {engine} {protocol.metric}: {acc:.4f} ({correct}/"
                     f"{len(prompts) * protocol.samples}, {detail})")
     return scores

@@ -54,6 +54,7 @@ def test_fp32_reproduces_the_runs_validation_and_each_engine_is_logged(trained):
     own = scores[("arith-d1", "fp32")]
     assert own.acc == summary["final_acc"] and own.n_prompts == 32 and own.protocol.samples == 1
     assert own.protocol.temperature == 0.0 and own.step == 4
+    assert own.grader.startswith("suite-arith-verify (suite ")  # what graded it, beside the score
     # every level that fits the tiny model, each by the three engines, the rollout copy named
     assert {b for b, _ in scores} == {"arith-d1", "arith-d2", "arith-d3", "arith-d4"}
     assert {e for _, e in scores} == {"fp32", "bf16", "rollout"}
