@@ -228,9 +228,13 @@ RECIPES: dict[str, Recipe] = {
                "mem_gb": Value(1024, OURS + ": FSDP offload of a 7B actor + optimizer")},
     ),
     "qurl-deepscaler": Recipe(
-        description="QuRL's GRPO on DeepScaleR data, five benchmarks Avg@32 (Table 3), DeepScaleR's 8K stage, 7B",
-        model=("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B (QuRL's text: '7B + DeepScaleR'; its base row matches the "
-               "1.5B distill's published scores instead: docs/recipes_sources.md)"),
+        description=("QuRL's GRPO on DeepScaleR data, five benchmarks Avg@32 (Table 3), DeepScaleR's 8K stage; "
+                     "the 7B trained rows, the 1.5B base row"),
+        model=("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B for the trained rows (QuRL's text: '7B + DeepScaleR'), "
+               "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B for the Base (SFT) row, whose published scores are the "
+               "1.5B distill's (score it with `suite eval --model`; DeepScaleR's own script trains the 1.5B): each "
+               "pairs only with the rows of its own size (analysis/paper_main.csv model_id; "
+               "docs/recipes_sources.md)"),
         train_data="deepscaler",
         val_data=("aime24", "amc", "math500", "minerva", "olympiadbench"),
         gpus="1 node x 8 GPUs (" + at(DEEPSCALER, 62, 63) + ", for the 1.5B model)",

@@ -197,6 +197,14 @@ def read_paper_csv(path: Path, name: str) -> pd.DataFrame:
                 raise PaperDataError(f"{path}: line {i + 2} ({what}): {col}={r[col]!r} matches no config value; "
                                      f"allowed: {e}") from None
         rows.append(out)
+    place = ("paper", "table", "row", "column")
+    if all(c in raw.columns for c in place):
+        first: dict[tuple, int] = {}
+        for i, r in enumerate(rows):
+            at = tuple(r[c] for c in place)
+            if at in first:  # one cell of a paper's table holds one published value
+                raise PaperDataError(f"{path}: line {i + 2}: {', '.join(at)} is already the cell of line {first[at]}")
+            first[at] = i + 2
     return pd.DataFrame(rows, columns=list(raw.columns))
 
 
@@ -283,13 +291,16 @@ def paired_scores(paper_rows: pd.DataFrame, evals: pd.DataFrame, ident_cols) -> 
             found = evals[[r["benchmark"] in parts and r["k"] == p["k"] and r["agg"] == agg and matches(r, ident)
                            and r["recipe"] == p["recipe"] and _model_matches(r["model"], p["model_id"])
                            for r in evals.to_dict("records")]]
-        configs = list(dict.fromkeys(found["group_key"])) if len(found) else [None]
+        # one row per configuration and scored checkpoint step: scores of different steps are never pooled
+        configs = list(dict.fromkeys(zip(found["group_key"], found["eval_step"]))) if len(found) else [None]
         for key in configs:
-            rows = found[found["group_key"] == key] if key is not None else found
+            rows = found[(found["group_key"] == key[0]) & (found["eval_step"] == key[1])] if key is not None else found
             row = dict(head)
             first = rows.iloc[0].to_dict() if len(rows) else {}
             for f in MEASURED_FIELDS:
                 row[f"{MEASURED_LABEL}: {f}"] = first.get(f, "")
+            step = first.get("eval_step", -1)
+            row[f"{MEASURED_LABEL}: step"] = "" if not first else ("?" if int(step) < 0 else int(step))
             row[f"{MEASURED_LABEL}: configuration"] = describe_row(first) if first else \
                 "no measured run of this benchmark and identity"
             means = {}

@@ -28,20 +28,20 @@ def test_paper_values_match_the_published_tables():
     assert main["source"].str.contains("Table|table").all() and main["source"].str.contains("row").all()
     key = main.set_index(["paper", "table", "row", "column"])["value"]
     assert not key.index.duplicated().any()
-    spec = {("QuRL", "table1", "GSM8K, INT8", "QuRL"): 53.55, ("QuRL", "table1", "GSM8K, INT8", "FlashRL"): 51.40,
-            ("QuRL", "table1", "GSM8K, INT8", "BF16"): 55.35, ("QuRL", "table1", "GSM8K, FP8", "QuRL"): 54.28,
-            ("QuRL", "table1", "GSM8K, FP8", "FlashRL"): 53.60,
-            ("QuRL", "table2", "AIME 2024, INT8 Avg@32", "QuRL"): 31.25,
-            ("QuRL", "table2", "AIME 2024, INT8 Avg@32", "FlashRL"): 30.29,
-            ("QuRL", "table2", "AIME 2024, INT8 Avg@32", "BF16"): 31.67,
-            ("QuRL", "table2", "AIME 2024, FP8 Avg@32", "QuRL"): 33.27,
-            ("QuRL", "table2", "AIME 2024, FP8 Avg@32", "FlashRL"): 32.60,
-            ("QuRL", "table3", "DeepScaleR, INT8", "QuRL: avg of 5"): 55.48,
-            ("QuRL", "table3", "DeepScaleR, INT8", "FlashRL: avg of 5"): 53.80,
-            ("QuRL", "table3", "DeepScaleR, INT8", "BF16: avg of 5"): 56.40,
-            ("QuRL", "table3", "DeepScaleR, INT8", "QuRL: AIME 2024"): 40.52,
-            ("QuRL", "table3", "DeepScaleR, INT8", "FlashRL: AIME 2024"): 36.77,
-            ("QuRL", "table3", "DeepScaleR, INT8", "BF16: AIME 2024"): 40.73,
+    spec = {("QuRL", "table1", "QuRL, INT8", "GSM8K"): 53.55, ("QuRL", "table1", "FlashRL, INT8", "GSM8K"): 51.40,
+            ("QuRL", "table1", "BF16", "GSM8K"): 55.35, ("QuRL", "table1", "QuRL, FP8", "GSM8K"): 54.28,
+            ("QuRL", "table1", "FlashRL, FP8", "GSM8K"): 53.60,
+            ("QuRL", "table2", "QuRL, INT8", "Avg@32"): 31.25,
+            ("QuRL", "table2", "FlashRL, INT8", "Avg@32"): 30.29,
+            ("QuRL", "table2", "BF16", "Avg@32"): 31.67,
+            ("QuRL", "table2", "QuRL, FP8", "Avg@32"): 33.27,
+            ("QuRL", "table2", "FlashRL, FP8", "Avg@32"): 32.60,
+            ("QuRL", "table3", "QuRL, INT8", "Avg."): 55.48,
+            ("QuRL", "table3", "FlashRL, INT8", "Avg."): 53.80,
+            ("QuRL", "table3", "BF16", "Avg."): 56.40,
+            ("QuRL", "table3", "QuRL, INT8", "AIME 2024"): 40.52,
+            ("QuRL", "table3", "FlashRL, INT8", "AIME 2024"): 36.77,
+            ("QuRL", "table3", "BF16", "AIME 2024"): 40.73,
             ("QaRL", "table1", "BF16 GRPO", "Avg."): 34.5, ("QaRL", "table1", "w4a16 rollout GRPO", "Avg."): 29.3,
             ("QaRL", "table1", "w4a16 QaRL TBPO", "Avg."): 33.9, ("QaRL", "table3", "BF16 GRPO", "Avg."): 57.2,
             ("QaRL", "table3", "BF16 TBPO", "Avg."): 56.2, ("QaRL", "table3", "w4a16 GRPO", "Avg."): 49.2,
@@ -104,7 +104,7 @@ def test_a_published_value_pairs_with_its_benchmark_metric_identity_recipe_and_m
     runs.append({"precision": "int8", "correction": "acr", "uaq_s": 1.0, "algo": "ppo", "seed": 0, "acc": 0.99,
                  "evals": '{"arith-d1|bf16|1": 0.99}'})
     pvm = T.paper_vs_main(T.eval_scores(frame(runs)), load_paper()["main"])
-    q = pvm[(pvm["table"] == "table1") & (pvm["row"] == "GSM8K, INT8") & (pvm["column"] == "QuRL")]
+    q = pvm[(pvm["table"] == "table1") & (pvm["row"] == "QuRL, INT8") & (pvm["column"] == "GSM8K")]
     assert len(q) == 1, q
     q = q.iloc[0]
     assert (q[P], q[f"{M} bf16: n"], q[f"{M} bf16: seeds"]) == (53.55, 2, "0 1")
@@ -128,17 +128,17 @@ def test_an_average_the_paper_takes_is_per_run_then_over_seeds_and_needs_every_p
     runs.append(_scored("qurl-deepscaler", "DeepSeek-R1-Distill-Qwen-7B",
                         {(b, "bf16", 32): 0.9 for b in DS5[:4]}, precision="int8", correction="acr", uaq_s=1.5,
                         algo="grpo", seed=2))
-    pvm = T.paper_vs_main(T.eval_scores(frame(runs)), load_paper()["main"]).set_index("column")
-    avg = pvm.loc["QuRL: avg of 5"]
+    pvm = T.paper_vs_main(T.eval_scores(frame(runs)), load_paper()["main"]).set_index(["row", "column"])
+    avg = pvm.loc[("QuRL, INT8", "Avg.")]
     assert (avg[P], avg[f"{M} bf16: n"]) == (55.48, 2)
     assert avg[f"{M} bf16: mean"] == pytest.approx(100 * (0.42 + 0.52) / 2)  # 40..44 and 50..54 -> 42, 52
-    aime = pvm.loc["QuRL: AIME 2024"]
+    aime = pvm.loc[("QuRL, INT8", "AIME 2024")]
     assert (aime[f"{M} bf16: n"], aime[f"{M} bf16: mean"]) == (3, pytest.approx(100 * (0.40 + 0.50 + 0.9) / 3))
-    assert pvm.loc["QuRL: Minerva-Math", f"{M} bf16: mean"] == pytest.approx(100 * (0.43 + 0.53 + 0.9) / 3)
-    assert pvm.loc["Base (SFT): avg of 5", f"{M} bf16: n"] == 0  # no base model was scored
+    assert pvm.loc[("QuRL, INT8", "Minerva-Math"), f"{M} bf16: mean"] == pytest.approx(100 * (0.43 + 0.53 + 0.9) / 3)
+    assert pvm.loc[("Base (SFT), BF16", "Avg."), f"{M} bf16: n"] == 0  # no base model was scored
     # the layout: QuRL's Table 3 with ours beside the published value
     grid = T.layout(T.paper_vs_main(T.eval_scores(frame(runs)), load_paper()["main"]), "QuRL", "table3")
-    cell = grid.set_index("").loc["DeepScaleR, INT8", "QuRL: avg of 5"]
+    cell = grid.set_index("").loc["QuRL, INT8", "Avg."]
     assert cell == "55.48 | ours 47.0 (n=2)"
 
 
@@ -232,11 +232,11 @@ def test_a_base_model_scored_by_suite_eval_model_pairs_with_the_base_row_of_its_
     runs = [_scored("qurl-deepscaler", "DeepSeek-R1-Distill-Qwen-1.5B", {(b, "bf16", 32): 0.3 + i / 100
                                                                           for i, b in enumerate(DS5)}, **base),
             _scored("qurl-deepscaler", "DeepSeek-R1-Distill-Qwen-7B", {(b, "bf16", 32): 0.9 for b in DS5}, **base)]
-    pvm = T.paper_vs_main(T.eval_scores(frame(runs)), load_paper()["main"]).set_index("column")
-    avg = pvm.loc["Base (SFT): avg of 5"]
+    pvm = T.paper_vs_main(T.eval_scores(frame(runs)), load_paper()["main"]).set_index(["row", "column"])
+    avg = pvm.loc[("Base (SFT), BF16", "Avg.")]
     assert (avg[P], avg[f"{M} bf16: n"]) == (48.8, 1) and avg[f"{M} bf16: mean"] == pytest.approx(32.0)
-    assert pvm.loc["Base (SFT): AIME 2024", f"{M} bf16: mean"] == pytest.approx(30.0)
-    assert pvm.loc[["QuRL: avg of 5"], f"{M} bf16: n"].eq(0).all()  # a base model is no trained policy
+    assert pvm.loc[("Base (SFT), BF16", "AIME 2024"), f"{M} bf16: mean"] == pytest.approx(30.0)
+    assert pvm.loc[[("QuRL, INT8", "Avg.")], f"{M} bf16: n"].eq(0).all()  # a base model is no trained policy
     main = T.main_table(frame(runs))  # a base run in the training tables breaks nothing
     assert set(main["method"]) == {"base"}
 
@@ -258,3 +258,30 @@ def test_a_pass_at_k_column_pairs_with_pass_at_k_never_with_mean_at_k():
     assert bf16.loc["ARC-c (OOD)", f"{M} bf16: mean"] == pytest.approx(60.0)
     table = T.eval_table(frame([run]))
     assert sorted(T.fmt.display_eval(table)["metric"]) == ["mean@1", "mean@4", "pass@4"]
+
+
+def test_two_values_in_one_cell_of_a_paper_table_are_refused(tmp_path):
+    """A published-values row placed in a cell another row holds (a copy-paste slip) is refused naming both lines."""
+    d, line = _bad_copy(tmp_path, "paper_main.csv", "row", "BF16")  # line 3 is table 1's "RL (naive), INT8"
+    df = pd.read_csv(d / "paper_main.csv", dtype=str, keep_default_na=False)
+    assert (df.loc[0, ["table", "row", "column"]] == df.loc[1, ["table", "row", "column"]]).all()
+    with pytest.raises(PaperDataError) as e:
+        load_paper(d)
+    assert str(e.value) == f"{d / 'paper_main.csv'}: line 3: QuRL, table1, BF16, GSM8K is already the cell of line 2"
+
+
+def test_a_published_value_pairs_with_one_checkpoint_step_at_a_time():
+    """Two seeds of one configuration scored at different checkpoints pair as two rows, each naming its step."""
+    import json
+
+    runs = []
+    for seed, (step, acc) in enumerate(((10, 0.50), (20, 0.60))):
+        run = _scored("qurl-gsm8k", "Qwen2.5-0.5B-Instruct", {}, precision="int8", correction="acr", uaq_s=1.0,
+                      algo="ppo", seed=seed)
+        run["evals"] = json.dumps({"openai/gsm8k|bf16|1": {"acc": acc, "step": step}})
+        runs.append(run)
+    pvm = T.paper_vs_main(T.eval_scores(frame(runs)), load_paper()["main"])
+    q = pvm[(pvm["table"] == "table1") & (pvm["row"] == "QuRL, INT8")].set_index(f"{M}: step")
+    assert sorted(q.index) == [10, 20]
+    assert (q.loc[10, f"{M} bf16: n"], q.loc[10, f"{M} bf16: mean"]) == (1, pytest.approx(50.0))
+    assert (q.loc[20, f"{M} bf16: n"], q.loc[20, f"{M} bf16: mean"]) == (1, pytest.approx(60.0))

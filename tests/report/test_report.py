@@ -266,10 +266,15 @@ def test_cli_report_on_the_sweep(sweep_store, tmp_path):
     pvm = pd.read_csv(out / "tables" / "paper_vs_main.csv", keep_default_na=False, na_values=[""])
     assert len(pvm) == len(T.load_paper()["main"]) and pvm["source"].str.contains("Table").all()
     assert (pvm["measured bf16: n"] == 0).all()
-    qurl = pvm[(pvm["table"] == "table1") & (pvm["row"] == "GSM8K, INT8") & (pvm["column"] == "QuRL")]
+    qurl = pvm[(pvm["table"] == "table1") & (pvm["row"] == "QuRL, INT8") & (pvm["column"] == "GSM8K")]
     assert len(qurl) == 1 and qurl.iloc[0]["paper (%)"] == 53.55
     layout = (out / "tables" / "layout_qurl_table1.md").read_text()
-    assert "| GSM8K, INT8 | 53.55 | 51.40 | 55.35 | 48.78 |" in layout, layout
+    # the paper's layout: one row per method and bitwidth, one column per benchmark
+    assert "| QuRL, INT8 | 53.55 |" in layout and "| RL (naive), INT8 | 48.78 |" in layout, layout
+    assert layout.index("| BF16 | 55.35 |") < layout.index("| RL (naive), INT8 |") < layout.index("| QuRL, FP8 |")
+    table3 = (out / "tables" / "layout_qurl_table3.md").read_text()
+    assert "|  | AIME 2024 | AMC 2023 | MATH-500 | Minerva-Math | OlympiadBench | Avg. |" in table3, table3
+    assert "| FlashRL, INT8 | 36.77 | 70.55 | 85.88 | 28.44 | 47.33 | 53.80 |" in table3, table3
     # The executed notebook: every code cell ran without error and produced output.
     nb = nbformat.read(out / "report.ipynb", as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
