@@ -236,38 +236,43 @@ def _run_row(run) -> dict:
     keys = [acc_key(row["task"])] if acc_key(row["task"]) in metrics else held_out_keys(metrics)[1]
     row["acc_metric"] = ";".join(keys) or acc_key(row["task"])  # the keys `acc` averages
     row[ACC] = sum(metrics[k] for k in keys) / len(keys) if keys else _float(None)
-    row["evals"] = evals_json(metrics)
+    row["evals"] = evals_json(metrics, {m.key: m.step for m in getattr(run.data, "_metric_objs", ())})
     return row
 
 
 _EVAL_KEY = re.compile(r"^eval/(?P<benchmark>.+)/(?P<engine>[^/]+)/acc/(?P<agg>mean|pass)_at_(?P<k>\d+)$")
 
 
-def evals_json(metrics: dict) -> str:
+def evals_json(metrics: dict, steps: dict | None = None) -> str:
     """A run's `suite eval` scores (MLflow keys eval/<benchmark>/<engine>/acc/mean_at_<k> and pass_at_<k>, latest
-    value) as JSON {"<benchmark>|<engine>|<k>": accuracy} for mean@k, {"<benchmark>|<engine>|pass<k>": ...} for
-    pass@k: the runs frame's `evals` column ("" when none)."""
+    value: the one at the largest checkpoint step scored) as JSON {"<benchmark>|<engine>|<k>": {"acc": accuracy,
+    "step": the checkpoint's step}} for mean@k, "<benchmark>|<engine>|pass<k>" for pass@k: the runs frame's `evals`
+    column ("" when none). `steps`: each key's step (MLflow keeps it beside the latest value)."""
     found = {}
     for key, value in metrics.items():
         m = _EVAL_KEY.match(key)
         if m:
-            found[f"{m['benchmark']}|{m['engine']}|{'pass' if m['agg'] == 'pass' else ''}{m['k']}"] = float(value)
+            step = (steps or {}).get(key)
+            found[f"{m['benchmark']}|{m['engine']}|{'pass' if m['agg'] == 'pass' else ''}{m['k']}"] = {
+                "acc": float(value), "step": None if step is None else int(step)}
     return json.dumps(found, sort_keys=True) if found else ""
 
 
 def eval_rows(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per run x scored (benchmark, engine, k, agg) from the runs frame's `evals` column: the run's
-    columns, then benchmark, engine, k, agg (mean: mean@k; pass: pass@k, any of k right) and acc (a fraction)."""
+    columns, then benchmark, engine, k, agg (mean: mean@k; pass: pass@k, any of k right), acc (a fraction) and
+    eval_step, the RL step of the checkpoint scored (-1 where a frame written before the step was kept lacks it)."""
     rows = []
     for _, r in runs.iterrows():
         if not isinstance(r.get("evals"), str) or not r["evals"]:
             continue
-        for key, acc in json.loads(r["evals"]).items():
+        for key, score in json.loads(r["evals"]).items():
             benchmark, engine, k = key.rsplit("|", 2)
             agg = "pass" if k.startswith("pass") else "mean"
+            acc, step = (score["acc"], score.get("step")) if isinstance(score, dict) else (score, None)
             rows.append({**r.to_dict(), "benchmark": benchmark, "engine": engine, "k": int(k.removeprefix("pass")),
-                         "agg": agg, "eval_acc": acc})
-    return pd.DataFrame(rows, columns=[*runs.columns, "benchmark", "engine", "k", "agg", "eval_acc"])
+                         "agg": agg, "eval_acc": acc, "eval_step": -1 if step is None else int(step)})
+    return pd.DataFrame(rows, columns=[*runs.columns, "benchmark", "engine", "k", "agg", "eval_acc", "eval_step"])
 
 
 def runs_frame(runs: list) -> pd.DataFrame:

@@ -200,6 +200,8 @@ def display_paper_vs(df: pd.DataFrame) -> pd.DataFrame:
     out[f"{PAPER_LABEL}: published (%)"] = df[f"{PAPER_LABEL} (%)"].map(lambda v: num(v, "{:.2f}"))
     out[f"{PAPER_LABEL}: source"] = df["source"].map(_text)
     out[f"{m}: configuration"] = df[f"{m}: configuration"]
+    if f"{m}: step" in df.columns:
+        out[f"{m}: step"] = df[f"{m}: step"].map(_text)
     for engine in ("bf16", "rollout"):
         p = f"{m} {engine}: "
         out[f"{m}: {engine} acc % [95% CI]"] = [acc_ci(*a) for a in zip(df[p + "mean"], df[p + "ci_low"],
@@ -213,12 +215,13 @@ def display_eval(df: pd.DataFrame) -> pd.DataFrame:
     """Per-benchmark scores (tables.eval_table): the configuration, the benchmark, engine and metric,
     acc % [95% CI], per seed, and the rollout engine's difference to bf16 (else fp32)."""
     if df.empty:
-        return pd.DataFrame(columns=["configuration", "benchmark", "metric", "engine", "n", "acc % [95% CI]"])
+        return pd.DataFrame(columns=["configuration", "benchmark", "metric", "step", "engine", "n", "acc % [95% CI]"])
     cells = _identity_cells(df)
     return pd.DataFrame({
         **{k: cells[k] for k in ("task", "model", "algo", "backend", "precision", "method", "UAQ s", "LR", "steps",
                                  "recipe", "variant")},
         "benchmark": df["benchmark"], "metric": [f"{a}@{int(k)}" for k, a in zip(df["k"], df["agg"])],
+        "step": df["eval_step"].map(lambda v: "?" if int(v) < 0 else str(int(v))),
         "engine": df["engine"],
         "n": df["n"],
         "acc % [95% CI]": [acc_ci(*a) for a in zip(df["acc_pct"], df["acc_ci_low"], df["acc_ci_high"], df["n"])],

@@ -200,18 +200,19 @@ def eval_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = C
     rollout engine's own error. Every benchmark is its own row: none is averaged with another.
     ``scores``: `eval_scores(runs)` where the caller has it already."""
     e = eval_scores(runs) if scores is None else scores
-    axes = (*ROW_AXES, "benchmark", "engine", "k", "agg")  # mean@k and pass@k are rows apart
+    # mean@k and pass@k are rows apart, and so are checkpoints: scores of different steps are never pooled
+    axes = (*ROW_AXES, "benchmark", "engine", "k", "agg", "eval_step")
     df = pooled_frame(e, "eval_acc", 100.0, n_resamples, seed, axes=axes) if len(e) else pd.DataFrame(
         columns=[*axes, "group_key", "variant", "n", "mean", "ci_low", "ci_high", "ci_method", "seeds", "values",
                  "not_averaged", "recipe"])
-    means = {(g, b, k, a, eng): m for g, b, k, a, eng, m in zip(df["group_key"], df["benchmark"], df["k"], df["agg"],
-                                                                df["engine"], df["mean"])}
+    means = {(g, b, k, a, st, eng): m for g, b, k, a, st, eng, m in zip(
+        df["group_key"], df["benchmark"], df["k"], df["agg"], df["eval_step"], df["engine"], df["mean"])}
 
     def diff(row) -> float:
         if row["engine"] != "rollout":
             return math.nan
         for ref in ("bf16", "fp32"):
-            other = means.get((row["group_key"], row["benchmark"], row["k"], row["agg"], ref))
+            other = means.get((row["group_key"], row["benchmark"], row["k"], row["agg"], row["eval_step"], ref))
             if other is not None:
                 return row["mean"] - other
         return math.nan
@@ -221,7 +222,8 @@ def eval_table(runs: pd.DataFrame, n_resamples: int = N_RESAMPLES, seed: int = C
     if df.empty:
         return df
     order = {e: i for i, e in enumerate(ENGINES)}
-    df = sort_rows(df.assign(_e=df["engine"].map(order)).sort_values(["benchmark", "k", "agg", "_e"], kind="stable"))
+    df = sort_rows(df.assign(_e=df["engine"].map(order)).sort_values(["benchmark", "k", "agg", "eval_step", "_e"],
+                                                                      kind="stable"))
     return df.drop(columns=["_e"])
 
 

@@ -119,3 +119,28 @@ def test_throughput_bars_name_one_configuration_measured_at_several_workloads():
     labels = _bar_labels(thr)
     assert len(set(labels)) == 2 and labels[0].endswith("wl-a") and labels[1].endswith("wl-b")
     throughput_bars(thr)  # draws
+
+
+def test_the_scored_checkpoint_step_reaches_the_eval_table_and_steps_are_never_pooled(tmp_path):
+    """`suite eval` logs each score at its checkpoint's step: the report shows that step (the latest one scored
+    where a run was scored twice), and two seeds scored at different steps are two rows, never one mean."""
+    from suite.report import fmt
+    from suite.report.data import load_runs
+    from suite.report.tables import eval_table
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    exp = client.create_experiment("verl")
+    key = "eval/aime2024/bf16/acc/mean_at_32"
+    ids = []
+    for seed, points in enumerate(([(40, 0.2), (100, 0.3)], [(100, 0.5)], [(60, 0.9)])):
+        rid = _run(client, exp, "dapo-math-17k", {"val-core/aime2024/acc/mean_at_32": [(100, 0.1)], key: points})
+        client.set_tag(rid, "seed", str(seed))
+        ids.append(rid)
+    table = eval_table(load_runs(uri).runs)
+    by_step = table.set_index("eval_step")
+    assert sorted(table["eval_step"]) == [60, 100]
+    assert by_step.loc[100, "n"] == 2 and by_step.loc[100, "acc_pct"] == pytest.approx(40.0)  # 0.3 (not 0.2), 0.5
+    assert by_step.loc[60, "n"] == 1 and by_step.loc[60, "acc_pct"] == pytest.approx(90.0)
+    assert sorted(fmt.display_eval(table)["step"]) == ["100", "60"]
