@@ -181,9 +181,9 @@ def test_suite_eval_model_scores_a_base_model_and_its_row_pairs_in_the_papers_la
 
     loaded = load_runs(uri, experiment="suite")
     grid = T.layout(T.paper_vs_main(T.eval_scores(loaded.runs), load_paper()["main"]), "QuRL", "table3")
-    row = grid.set_index("").loc["DeepScaleR, INT8"]
+    grid = grid.set_index("")
     mean5 = 100 * sum(s.acc for s in scores.values()) / 5
-    assert row["Base (SFT): avg of 5"] == f"48.80 | ours {mean5:.1f} (n=1)", row
-    assert "ours" not in row["QuRL: avg of 5"]  # a base model pairs with the base row only
+    assert grid.loc["Base (SFT), BF16", "Avg."] == f"48.80 | ours {mean5:.1f} (n=1)", grid
+    assert "ours" not in grid.loc["QuRL, INT8", "Avg."]  # a base model pairs with the base row only
     NUMBERS.append("suite eval --model (tiny export as a 1.5B base, DeepScaleR's 5 at Avg@32): " + ", ".join(
         f"{b} {s.acc:.3f}" for b, s in scores.items()))
