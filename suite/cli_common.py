@@ -44,7 +44,7 @@ def compose_or_exit(overrides: list[str]):
         return compose_config(overrides)
     except (ConfigError, HydraException, OmegaConfBaseException) as exc:
         msg = str(exc)
-        # a typo's ConfigError carries Hydra's text already (suite.config._hydra_text)
+        # a typo's ConfigError is the suite's one line; Hydra's text (its `+key` advice) is left out
         typo = isinstance(exc, ConfigError) and isinstance(exc.__cause__, HydraException)
         if exc.__cause__ is not None and str(exc.__cause__) not in msg and not typo:
             msg += f"\n{exc.__cause__}"

@@ -487,8 +487,9 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         with initialize(version_base="1.3", config_path=None, job_name="suite"):
             cfg = compose(config_name="config", overrides=list(overrides))
     except HydraException as exc:
-        if (hint := _typo_hint(str(exc))) is not None:  # the suite's line, then Hydra's own text
-            raise ConfigError(f"{hint}\n{_hydra_text(exc)}") from exc
+        if (hint := _typo_hint(str(exc))) is not None:
+            # the suite's line alone: Hydra's text goes on to advise `+key=value`, which the suite refuses
+            raise ConfigError(hint) from exc
         raise
     finally:
         GlobalHydra.instance().clear()
@@ -527,15 +528,6 @@ def config_from_record(data: dict) -> DictConfig:
     with open_dict(cfg.tracking.tags):  # a free Dict[str, str] (sweep, cell, trial tags), closed in struct mode
         cfg.tracking.tags.update(tags)
     return cfg
-
-
-def _hydra_text(exc: BaseException) -> str:
-    """Hydra's message and its cause's (OmegaConf's reason), less its option list (the suite's line
-    names the options) and its config search path."""
-    text = str(exc)
-    if exc.__cause__ is not None and str(exc.__cause__) not in text:
-        text += f"\n{exc.__cause__}"
-    return text.split("\n\nAvailable options")[0].split("\nConfig search path")[0].rstrip()
 
 
 def known_keys() -> list[str]:

@@ -98,7 +98,7 @@ _add("unknown key", [
     ("uaq.scale=1", "uaq.scale"), ("+new.key=1", "new"), ("+train.foo=2", "train.foo"), ("++algo.bar=3", "algo.bar"),
     ("+model.layers=4", "model.layers"), ("train.learning_rate=1e-3", "train.learning_rate"), ("+seed2=1", "seed2"),
     ("+backend.model_path=x", "backend.model_path"), ("lr=1e-3", "lr"), ("+rollout.top_k=5", "rollout.top_k"),
-    # a typo is answered with the closest keys, before Hydra's `+key` advice
+    # a typo is answered with the closest keys, in one line (never Hydra's `+key` advice)
     ("corection=acr", "corection: no such key; did you mean correction?"), ("uaq.ss=1", "did you mean uaq.s?"),
     ("train.stepz=3", "did you mean steps"), ("+corection=acr", "did you mean correction?"),
     ("uaq.group_lr=2", "did you mean uaq.group_lr_s?"),

@@ -37,7 +37,7 @@ def _sweep(cls: str, rows: list[tuple[str, list[str]]], *, base: bool = True, fl
 _sweep("sweep matrix", [
     ("matrix: {seed: []}\n", ["seed", "no values"]),
     ("matrix: {seed: {a: 1}}\n", ["seed", "must be a list"]),
-    ("matrix: {nosuch.key: [1]}\n", ["nosuch.key", "not in 'Config'"]),
+    ("matrix: {nosuch.key: [1]}\n", ["nosuch.key", "no such key"]),
     ("matrix: {train.lr: [1.0e-4, .inf]}\n", ["train.lr", "inf"]),
     ("matrix: {train.lr: [.nan]}\n", ["train.lr", "nan"]),
     ("matrix: {uaq.s: [-.inf]}\n", ["uaq.s", "inf"]),
@@ -51,7 +51,7 @@ _sweep("sweep matrix", [
     ("matrix: {seed: [[0, 1]]}\n", ["seed", "scalar"]),
     ("matrix: {seed: [0, 0]}\n", ["seed", "more than once"]),
     ("matrix: [seed, quant]\n", ["matrix", "mapping"]),
-    ("matrix: {seed: [0]}\ninclude: [{nosuch: 1}]\n", ["nosuch", "not in 'Config'"]),
+    ("matrix: {seed: [0]}\ninclude: [{nosuch: 1}]\n", ["nosuch", "no such key"]),
     ("matrix: {seed: [0, 1]}\nexclude: [{seed: 7}]\n", ["exclude", "matches no cell"]),
     ("matrix: {}\n", ["matrix is empty"]),
     ("matrix: {seed: [0, 1, 2]}\nlauncher: {max_cells: 2}\n", ["3 cells", "max_cells"]),
@@ -66,7 +66,7 @@ _sweep("sweep file", [
     ("name: ''\n" + _BASE + "matrix: {seed: [0]}\n", ["name", "required"]),
     ("name: a/b\n" + _BASE + "matrix: {seed: [0]}\n", ["name", "a/b"]),
     ("name: bad\nbase: model=tiny\nmatrix: {seed: [0]}\n", ["base", "list"]),
-    ("name: bad\nbase: [nosuch=1]\nmatrix: {seed: [0]}\n", ["nosuch", "not in 'Config'"]),
+    ("name: bad\nbase: [nosuch=1]\nmatrix: {seed: [0]}\n", ["nosuch", "no such key"]),
     ("name: bad\nbase: [train.lr=.inf, steps=1]\nmatrix: {seed: [0]}\n", ["train.lr", "inf"]),
     ("name: bad\n" + _BASE + "matrix: {seed: [0]}\nname: again\n", ["duplicate key 'name'"]),
     ("name: [unclosed\n", ["FILE"]),
@@ -91,6 +91,10 @@ _sweep("sweep task --dry-run", [
     ("matrix: {seed: [0]}\ninclude: [{warm_start.flaw_op: '/'}]\n", ["cell 1", "warm_start.flaw_op", "'/'"]),
     ("matrix: {task.difficulty: [2, 1]}\ninclude: [{task.n_eval: 100}]\n", ["cell 3", "task.n_eval", "100", "[1, 75]"]),
 ], flags=("--dry-run",))
+# an out_dir the file system cannot hold: refused before the matrix is printed or anything is created
+_sweep("sweep task --dry-run", [("name: bad\nbase: [" + ", ".join([*TINY, "out_dir=" + "d" * 300]) + "]\n"
+                                 "matrix: {seed: [0]}\n", ["out_dir", "300 bytes", "allows 255"])],
+       base=False, flags=("--dry-run",))
 _sweep("sweep launcher", [
     ("matrix: {seed: [0]}\nlauncher: {name: pbs}\n", ["launcher.name", "pbs", "local, slurm"]),
     ("matrix: {seed: [0]}\nlauncher: {max_parallel: 0}\n", ["max_parallel", "0", "> 0"]),

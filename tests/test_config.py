@@ -51,8 +51,8 @@ def test_unknown_group_option_lists_the_options():
 def test_unknown_key_is_rejected_at_compose_time():
     with pytest.raises(ConfigError, match=r"^uaq.ss: no such key; did you mean uaq.s\?") as err:
         compose_config(["uaq.ss=1.5"])
-    # Hydra's text follows: its reason and its `+key` advice
-    assert "Key 'ss' not in 'UAQConfig'" in str(err.value) and "+uaq.ss=1.5" in str(err.value)
+    # one line: Hydra's `+key` advice would offer what the suite then refuses
+    assert "\n" not in str(err.value) and "+uaq.ss" not in str(err.value) and "append" not in str(err.value)
     with pytest.raises(ConfigError, match=r"^uaq.scale: no such key; `suite run --cfg job` prints every key"):
         compose_config(["uaq.scale=1.5"])  # nothing close enough: no guess
 

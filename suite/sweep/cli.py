@@ -142,8 +142,14 @@ def write_preview(sweep) -> str:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from suite.tracking.fscheck import writable_problem
+
     sweep = _load(args)
     args = _reparse(args, "sweep")
+    # before anything prints: a dry run writes its preview under the state dir, a launch its records
+    if (problem := writable_problem(sweep.state_dir, "out_dir: the sweep's state", is_dir=True)) is not None:
+        print(f"suite: bad sweep: {problem}", file=sys.stderr)
+        return 2
     if args.dry_run:
         print_matrix(sweep)
         return 0
