@@ -231,7 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "share it, and stop: no run dir, no MLflow run")
     p_run.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. quant=fp8 uaq.s=1.0 seed=2")
     p_run.set_defaults(func=cmd_run)
-    p_sync = sub.add_parser("sync", help="re-send a run's metrics.jsonl to MLflow (idempotent)")
+    p_sync = sub.add_parser(
+        "sync", help="re-send a run's metrics.jsonl to MLflow (idempotent)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Send to MLflow what a run recorded in its metrics.jsonl while the tracking server was\n"
+                    "unreachable (a run never waits on the server). Idempotent: a metric MLflow has at its step\n"
+                    "is not sent again.\n\n    suite sync runs/RUN_ID\n    suite sync runs/RUN_ID --tracking-uri "
+                    "http://127.0.0.1:5000")
     p_sync.add_argument("run_dir", help="the run's directory, e.g. runs/grpo-int8-acr-s1.5-arith-seed0-68ac4b1688")
     p_sync.add_argument("--tracking-uri", default=None, help="default: the one the run used")
     p_sync.set_defaults(func=cmd_sync)

@@ -10,8 +10,49 @@ import sys
 
 def groups_help() -> str:
     """The config groups and their options, as `suite VERB -h` lists them under its usage. The
-    groups live in suite.config's ConfigStore (its registries sit beside torch code), so it is
-    imported here, only when help is asked for."""
+    groups live in suite.config's ConfigStore, whose registries sit beside torch code (seconds to
+    import), so the listing is kept in the user's cache under a key of the package's source files
+    (their names, sizes and mtimes): any edit or upgrade lists them afresh, and `-h` stays well
+    under two seconds once it has been asked for once (docs/bench.md, "-h")."""
+    import os
+    from pathlib import Path
+
+    key = _source_key()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "suite" / f"groups-help-{key}.txt"
+    try:
+        return cache.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        pass
+    text = _groups_help_text()
+    try:  # best effort: a read-only home only makes the next `-h` as slow as this one
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return text
+
+
+def _source_key() -> str:
+    """A digest of every .py file of the suite package (relative name, size, mtime in ns)."""
+    import hashlib
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith((".py", ".yaml")):
+                st = os.stat(os.path.join(dirpath, name))
+                h.update(f"{os.path.relpath(os.path.join(dirpath, name), root)}:{st.st_size}:{st.st_mtime_ns}\n"
+                         .encode())
+    return h.hexdigest()[:16]
+
+
+def _groups_help_text() -> str:
     import suite.config  # noqa: F401  (registers the groups)
     from suite.hydra_compat import config_groups
 

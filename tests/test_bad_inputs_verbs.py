@@ -242,6 +242,10 @@ _flags("bench flags", [
     (["bench", "rollout", "--int8-gemms", "vnni", "--no-mlflow"], ["--int8-gemms", "vnni", "packed"]),
     (["bench", "rollout", "--repeats", "x"], ["--repeats", "x"]),
     (["bench", "nosuch"], ["nosuch"]),
+    # no vLLM at the interpreter: refused before anything prints, runs or is logged, whatever --device says
+    (["bench", "vllm", "--vllm-python", "IN/no-python", "--device", "cpu"],
+     ["--vllm-python", "no-python", "vLLM is not installed there"]),
+    (["bench", "vllm", "--vllm-python", "IN/no-python"], ["--vllm-python", "no-python", "not installed"]),
 ])
 _flags("uaq/sync flags", [
     (["uaq", "apply", "--s", "0", "IN", "OUT"], ["--s", "0"]),

@@ -184,3 +184,30 @@ def test_a_sweep_command_prints_no_warning(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "suite.cli", "sweep", str(REPO / "experiments/quickstart.yaml"),
                            "--dry-run", "steps=3"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stderr
+
+
+def test_every_verb_has_its_own_description():
+    """`suite VERB -h` describes that verb: every verb has a description, and status / cancel are no longer
+    described as the sweep."""
+    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    descriptions = {name: (p.description or "").strip() for name, p in sub.choices.items()}
+    assert all(descriptions.values()), [n for n, d in descriptions.items() if not d]
+    assert len({descriptions[v] for v in ("sweep", "status", "cancel")}) == 3
+    assert descriptions["status"].startswith("The state of each cell") and "changes nothing" in descriptions["status"]
+    assert descriptions["cancel"].startswith("Cancel what a sweep has queued or running")
+
+
+def test_the_group_listing_is_cached_per_source_and_equals_a_fresh_one(tmp_path, monkeypatch):
+    """`-h` reads the config-group listing from the cache once it was composed; the cache is keyed by the
+    package's source files, so an edit lists the groups afresh (a stale listing is never shown)."""
+    from suite import cli_common
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fresh = cli_common._groups_help_text()
+    assert cli_common.groups_help() == fresh  # composed, then written
+    (cached,) = (tmp_path / "suite").glob("groups-help-*.txt")
+    assert cached.read_text() == fresh and cached.name == f"groups-help-{cli_common._source_key()}.txt"
+    cached.write_text("a listing of the source as it was")
+    assert cli_common.groups_help() == "a listing of the source as it was"  # read, not composed
+    monkeypatch.setattr(cli_common, "_source_key", lambda: "0123456789abcdef")  # the source changed
+    assert cli_common.groups_help() == fresh

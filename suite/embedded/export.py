@@ -245,7 +245,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("export", help="an embedded run's warm-started model and task data, for verl")
+    p = subparsers.add_parser(
+        "export", help="an embedded run's warm-started model and task data, for verl",
+        description="Write an embedded run's model (its warm start, or a checkpoint with --run/--step) as a Hugging\n"
+                    "Face checkpoint and its task's train / held-out prompts as verl parquet, so the verl backend\n"
+                    "can train the same model on the same task (docs/verl.md).\n\n"
+                    "    suite export --out exports/arith task.difficulty=1\n"
+                    "    suite export --out exports/r1 --run runs/RUN_ID --step 100",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="new directory (absent or empty)")
     p.add_argument("--run", metavar="RUN_DIR", help="export this run's model at its newest checkpoint (no overrides)")
     p.add_argument("--step", type=int, default=None, help="with --run: this checkpoint's step instead of the newest")

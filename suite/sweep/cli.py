@@ -9,6 +9,24 @@ import sys
 
 from suite.cli_common import GroupsHelp
 
+STATUS_HELP = """The state of each cell of a sweep file's matrix: done, running, pending, failed, missing.
+Reads only: changes nothing, submits nothing.
+
+    suite status experiments/main_table.yaml                 # as it was launched
+    suite status experiments/main_table.yaml launcher=slurm cluster=h100x8
+
+Give the same overrides (and --only) as the launch, so the matrix is the one that ran; docs/sweeps.md.
+"""
+
+CANCEL_HELP = """Cancel what a sweep has queued or running (its SLURM array, or its local processes);
+finished cells and their runs stay, and a later `suite sweep FILE` resumes the rest.
+
+    suite cancel experiments/main_table.yaml
+    suite cancel experiments/main_table.yaml launcher=slurm cluster=h100x8
+
+Give the same overrides as the launch; docs/sweeps.md.
+"""
+
 HELP = """Run a sweep file's matrix of runs, show its state, or cancel it.
 
     suite sweep experiments/quickstart.yaml --dry-run        # the expanded matrix; submits nothing
@@ -210,8 +228,9 @@ def register(subparsers) -> None:
     verbs = (("sweep", cmd_sweep, "expand a sweep file and run its matrix (local or SLURM)"),
              ("status", cmd_status, "state of each cell of a sweep"),
              ("cancel", cmd_cancel, "cancel a sweep's queued and running jobs"))
+    descriptions = {"sweep": HELP, "status": STATUS_HELP, "cancel": CANCEL_HELP}
     for name, func, text in verbs:
-        p = subparsers.add_parser(name, help=text, description=HELP, add_help=False,
+        p = subparsers.add_parser(name, help=text, description=descriptions[name], add_help=False,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("-h", "--help", action=GroupsHelp, help="show this help and the config groups, and exit")
         _options(p, name)

@@ -448,7 +448,11 @@ the data_source written and the verl scorer it selects.
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("data", help="prepare datasets for the verl backend")
+    p = subparsers.add_parser(
+        "data", help="prepare datasets for the verl backend",
+        description="Convert a local copy of a public dataset (no hub is reached) into verl's RL parquet, with the\n"
+                    "data_source its grader is chosen by (docs/verl.md has the table): `suite data prepare -h`.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = p.add_subparsers(dest="data_command", required=True)
     pp = verbs.add_parser("prepare", help="convert a local public math dataset into verl's RL parquet",
                           description=PREPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -29,7 +29,15 @@ def cmd_uaq(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("uaq", help="UAQ invariant scaling of a Hugging Face checkpoint (apply / undo)")
+    p = subparsers.add_parser(
+        "uaq", help="UAQ invariant scaling of a Hugging Face checkpoint (apply / undo)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="QuRL's update-aware quantization by invariant scaling on a Hugging Face checkpoint: `apply`\n"
+                    "multiplies each RMSNorm gain by s and divides the weights it feeds (q/k/v, gate/up) by s (the\n"
+                    "network's function is unchanged; an RL update grows against the quantization step), `undo`\n"
+                    "reverses it, e.g. to export a trained model.\n"
+                    "Written to a new directory; docs/math.md has the derivation.\n\n"
+                    "    suite uaq apply --s 1.5 models/Qwen2.5-7B models/Qwen2.5-7B-uaq1.5")
     p.add_argument("op", choices=("apply", "undo"))
     p.add_argument("--s", type=float, required=True, help="UAQ scale (paper default 1.5)")
     p.add_argument("--verify-layers", type=int, default=2, help="blocks run in the invariance check after apply")
