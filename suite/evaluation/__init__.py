@@ -108,15 +108,23 @@ def results_path(run_dir: str | os.PathLike, step: int) -> Path:
 
 
 def read_results(run_dir: str | os.PathLike, step: int) -> list[Score]:
-    """The scores already written for checkpoint ``step`` (empty when none)."""
+    """The scores already written for checkpoint ``step`` (empty when none), parsed by their schema
+    (suite.schemas.EvalResultsFile): a damaged or foreign file is an EvalError naming the field."""
+    from suite.schemas import EvalResultsFile, SchemaError, read_json
+
     path = results_path(run_dir, step)
     try:
-        return [Score.from_record(r) for r in json.loads(path.read_text(encoding="utf-8"))["scores"]]
+        doc = read_json(EvalResultsFile, path)
     except FileNotFoundError:
         return []
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not JSON, not text, or not this shape
-        what = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
-        raise EvalError(f"{path}: not a suite eval result file ({what}); move it aside to score again") from None
+    except SchemaError as exc:
+        detail = str(exc).removeprefix(f"{path}: ")
+        raise EvalError(f"{path}: not a suite eval result file ({detail}); move it aside to score again") from None
+    if doc.step != step:
+        raise EvalError(f"{path}: not a suite eval result file (step: {doc.step}, but the file is checkpoint "
+                        f"{step}'s); move it aside to score again")
+    names = {f.name for f in dataclasses.fields(Score)}
+    return [Score.from_record({k: v for k, v in s.model_dump().items() if k in names}) for s in doc.scores]
 
 
 def write_results(run_dir: str | os.PathLike, step: int, scores: list[Score]) -> Path:

@@ -19,7 +19,6 @@ benchmarks the paper did not average. A value that is not a config value stops t
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -384,23 +383,25 @@ _BENCH_PRECISION = {"bf16": "bf16", "int8": "int8", "fp8_per_channel": "fp8", "w
 
 
 def load_bench(paths) -> pd.DataFrame:
-    """The measured rows of `suite bench vllm` result files (its ``vllm.json``), one row per precision
-    that ran; a file that is not one raises :class:`PaperDataError` naming it."""
+    """The measured rows of `suite bench vllm` result files (its ``vllm.json``, schema
+    suite.schemas.BenchVllmFile), one row per precision that ran; a file that is not one raises
+    :class:`PaperDataError` naming it and the field."""
+    from suite.schemas import BenchVllmFile, SchemaError, read_json
+
     rows = []
     for path in paths or ():
         try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise PaperDataError(f"--bench {path}: not a readable JSON file ({exc})") from None
-        if not isinstance(doc, dict) or doc.get("bench") != "vllm" or not isinstance(doc.get("rows"), list):
-            raise PaperDataError(f"--bench {path}: not a `suite bench vllm` result (its <out>/vllm.json)")
-        for r in doc["rows"]:
-            if "error" in r:
-                continue
-            missing = [c for c in BENCH_COLUMNS if c not in r and c != "precision"]
-            if missing:
-                raise PaperDataError(f"--bench {path}: a row lacks {', '.join(missing)}")
-            rows.append({**{c: r.get(c) for c in BENCH_COLUMNS}, "precision": _BENCH_PRECISION[r["rollout"]]})
+            doc = read_json(BenchVllmFile, path)
+            measured = doc.measured(path)
+        except FileNotFoundError:
+            raise PaperDataError(f"--bench {path}: no such file") from None
+        except OSError as exc:
+            raise PaperDataError(f"--bench {path}: cannot read it ({exc.strerror or exc})") from None
+        except SchemaError as exc:
+            raise PaperDataError(f"--bench {exc} (a `suite bench vllm` result, its <out>/vllm.json)") from None
+        for r in measured:
+            rows.append({**{c: getattr(r, c) for c in BENCH_COLUMNS if c != "precision"},
+                         "precision": _BENCH_PRECISION[r.rollout]})
     return pd.DataFrame(rows, columns=list(BENCH_COLUMNS))
 
 

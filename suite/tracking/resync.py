@@ -98,21 +98,38 @@ def run_dir_problem(run_dir: Path) -> str | None:
         return f"{run_dir}: no such run directory"
     if not run_dir.is_dir():
         return f"{run_dir} is a file, not a run directory (give the directory holding {METRICS_FILE})"
-    kinds = {RUN_FILE: dict, SYNC_FILE: dict, PARAMS_FILE: dict, TAGS_FILE: dict, ARTIFACTS_FILE: list}
-    for name, kind in kinds.items():
+    from suite.schemas import (ArtifactsFile, MetricsLine, ParamsFile, RunRecordFile, SchemaError, SyncMarkerFile,
+                               TagsFile, read_json, validate)
+
+    if not (run_dir / RUN_FILE).is_file():
+        return (f"{run_dir / RUN_FILE}: not found, so {run_dir} is no run the suite logged (a run dir is "
+                "out_dir/<run id>, as `suite run` prints it)")
+    schemas = {RUN_FILE: RunRecordFile, SYNC_FILE: SyncMarkerFile, PARAMS_FILE: ParamsFile, TAGS_FILE: TagsFile,
+               ARTIFACTS_FILE: ArtifactsFile}
+    for name, schema in schemas.items():
         path = run_dir / name
         if not path.is_file():
             continue
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return (f"{path}: not valid JSON ({exc}); restore it or delete it "
-                    "(then `suite sync` starts a new MLflow run)")
-        if not isinstance(data, kind):
-            return f"{path}: must be a JSON {'object' if kind is dict else 'list'}, got {type(data).__name__}"
-    info = read_json(run_dir / RUN_FILE) if (run_dir / RUN_FILE).is_file() else None
-    if info is not None and not isinstance(info.get("tracking_uri"), str):
-        return f"{run_dir / RUN_FILE}: incomplete: no tracking_uri (a write cut short?); restore or delete it"
+            read_json(schema, path)
+        except SchemaError as exc:
+            return f"{exc}; restore it or delete it (then `suite sync` starts a new MLflow run)"
+    metrics = run_dir / METRICS_FILE
+    if metrics.is_file():
+        try:
+            text = metrics.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"{metrics}: not UTF-8 text (byte {exc.start}); restore it or move it aside"
+        # what follows the last newline is a line cut by a kill, which the run repairs when it resumes
+        for n, line in enumerate(text.split("\n")[:-1], 1):
+            if not line.strip():
+                continue
+            try:
+                validate(MetricsLine, json.loads(line), f"{metrics}: line {n}")
+            except json.JSONDecodeError as exc:
+                return f"{metrics}: line {n}: not valid JSON ({exc.msg}); repair the line or move the file aside"
+            except SchemaError as exc:
+                return f"{exc}; repair the line or move the file aside"
     return None
 
 

@@ -177,9 +177,12 @@ class TestBadInputs:
         shutil.copytree(run_dir / "checkpoints", copy / "checkpoints", dirs_exist_ok=True)
         (copy / "eval").mkdir()
         result = copy / "eval" / "step_00000004.json"
-        for body in ('{"step": 4, "scores": [{"benchmark": "arith-d1"}]}', '[1, 2]', "\udcff", ""):
+        for body, field in (('{"step": 4, "scores": [{"benchmark": "arith-d1"}]}', "scores.0.engine: field required"),
+                            ('[1, 2]', "must be a valid dictionary"), ("\udcff", "not UTF-8 text (byte 0)"),
+                            ("", "not valid JSON"),
+                            ('{"step": 3, "scores": []}', "step: 3, but the file is checkpoint 4")):
             result.write_text(body, errors="surrogateescape")
-            _refused(_suite("eval", copy), "step_00000004.json: not a suite eval result file")
+            _refused(_suite("eval", copy), "step_00000004.json: not a suite eval result file", field)
             assert result.read_text(errors="surrogateescape") == body
         shutil.rmtree(copy / "eval")
         (copy / "metrics.jsonl").write_bytes(b"\xff\xfe not text")

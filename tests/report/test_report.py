@@ -318,8 +318,8 @@ def test_cli_bad_input_names_the_option(sweep_store, tmp_path):
     assert p.returncode == 2 and "--resamples=100" in p.stderr
     wrong = tmp_path.parent / f"{tmp_path.name}-rollout.json"
     wrong.write_text(json.dumps({"bench": "rollout", "rows": []}))  # another benchmark's result
-    for bench, message in ((tmp_path.parent / "absent.json", "absent.json: not a readable JSON file"),
-                           (wrong, "not a `suite bench vllm` result (its <out>/vllm.json)")):
+    for bench, message in ((tmp_path.parent / "absent.json", "absent.json: no such file"),
+                           (wrong, "bench: must be 'vllm', got 'rollout' (a `suite bench vllm` result")):
         p = subprocess.run(base + ["--experiment", "report-test", "--bench", str(bench)], capture_output=True,
                            text=True, env=env, timeout=300)
         assert p.returncode == 2 and f"suite report: --bench {bench}" in p.stderr and message in p.stderr, p.stderr

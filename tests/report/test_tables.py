@@ -191,9 +191,21 @@ def test_bench_vllm_rows_join_the_throughput_comparison(tmp_path):
     assert "256 x (512 + 512) tokens" in ours["configuration"].iloc[0]
     paper_7b = pvt[pvt["source"].str.startswith("paper") & (pvt["model"] == "7B")]
     assert paper_7b[["speedup_pct_low", "speedup_pct_high"]].values.tolist() == [[20, 30]]
-    del rows[1]["kernels"]
-    path.write_text(json.dumps({"bench": "vllm", "rows": rows}))
-    with pytest.raises(PaperDataError, match="a row lacks kernels"):
+    # each damaged copy is refused naming the file, the row's field and what it must be (suite.schemas.BenchRow)
+    for change, expected in ((lambda r: r.pop("kernels"), "rows.1.kernels: field required"),
+                             (lambda r: r.update(speedup_vs_bf16="1.25x"), "rows.1.speedup_vs_bf16: must be a valid "
+                                                                          "number, got '1.25x'"),
+                             (lambda r: r.update(rollout="nvfp4"), "rows.1.rollout: must be 'bf16', 'int8', "
+                                                                  "'fp8_per_channel' or 'w4a16', got 'nvfp4'"),
+                             (lambda r: r.update(rollout_tok_s=-3.0), "rows.1.rollout_tok_s: must be greater than 0")):
+        bad = [dict(r) for r in rows]
+        change(bad[1])
+        path.write_text(json.dumps({"bench": "vllm", "rows": bad}))
+        with pytest.raises(PaperDataError) as err:
+            load_bench([path])
+        assert str(err.value).startswith(f"--bench {path}: {expected}"), str(err.value)
+    path.write_bytes(b"\xff{}")
+    with pytest.raises(PaperDataError, match="not UTF-8 text"):
         load_bench([path])
 
 

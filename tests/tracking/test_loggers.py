@@ -391,12 +391,12 @@ def test_hung_server_costs_one_timeout_per_flush(tmp_path, monkeypatch):
 
 
 def test_resync_cli_reports_and_fails_cleanly(tmp_path, capsys, mlflow_server_uri):
-    # a missing run dir is bad input (exit 2, named); a run dir never logged to MLflow fails (exit 1)
+    # a missing run dir, and a directory the suite never logged, are bad input (exit 2, named)
     assert resync_cli(tmp_path / "nothing") == 2
     assert "no such run directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    assert resync_cli(tmp_path / "empty") == 1
-    assert "mlflow_run.json not found" in capsys.readouterr().err
+    assert resync_cli(tmp_path / "empty") == 2
+    assert "mlflow_run.json: not found" in capsys.readouterr().err
     lg = MlflowLogger.for_run_dir(tmp_path / "r", mlflow_server_uri, "cli-exp")
     JsonlLogger(tmp_path / "r").log_metrics({"x": 1}, 0)
     assert resync_cli(tmp_path / "r") == 0

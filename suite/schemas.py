@@ -1,0 +1,229 @@
+"""Declared schemas of the files the suite reads back, and one way to read them.
+
+A file written by one verb and read by another (a run's records, `suite eval`'s results, `suite bench
+vllm`'s results) is parsed by its pydantic model here, never indexed into as a dict: a damaged or foreign
+file is refused in one line that names the file, the field and what was expected,
+
+    runs/r1/eval/step_00000010.json: scores.0.protocol: field required (a mapping: samples, temperature, ...)
+
+and the caller turns that line into exit status 2 before it writes anything. `SCHEMAS` lists every file
+read this way with its model (docs/architecture.md, "Files and their schemas", is generated from it).
+Text a model wrote is data here too: nothing is evaluated, only parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator
+
+
+class SchemaError(ValueError):
+    """A file that does not match its schema; str() is the one line to print."""
+
+
+class _Record(BaseModel):
+    # fields a newer suite adds are kept (extra="allow") so an older reader does not refuse them;
+    # types are checked strictly: "fast" is no number and 1.0 no step
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+
+# ------------------------------------------------------------------------------ suite eval results
+
+class ProtocolRecord(_Record):
+    """How a benchmark was scored (suite.evaluation.Protocol)."""
+    samples: int = Field(ge=1)
+    temperature: float = Field(ge=0)
+    top_p: float = Field(gt=0, le=1)
+    max_new_tokens: int = Field(ge=1)
+
+
+
+class ScoreRecord(_Record):
+    """One benchmark scored by one engine from one checkpoint (suite.evaluation.Score)."""
+    benchmark: str = Field(min_length=1)
+    engine: Literal["bf16", "fp32", "rollout"]
+    engine_detail: str
+    protocol: ProtocolRecord
+    step: int = Field(ge=0)
+    n_prompts: int = Field(ge=0)
+    n_correct: int = Field(ge=0)
+    acc: float = Field(ge=0, le=1)
+    seconds: float = Field(ge=0)
+    grader: str = ""
+    metric: str = ""
+
+
+
+class EvalResultsFile(_Record):
+    """`<run dir>/eval/step_<step>.json`, written by `suite eval`."""
+    step: int = Field(ge=0)
+    scores: list[ScoreRecord]
+
+
+# ------------------------------------------------------------------------------ suite bench vllm results
+
+class BenchRow(_Record):
+    """One precision `suite bench vllm` measured."""
+    rollout: Literal["bf16", "int8", "fp8_per_channel", "w4a16"]
+    model: str
+    shape: str
+    kernels: str
+    device: str
+    gpu: str
+    vllm: str
+    prompts: int = Field(ge=1)
+    prompt_len: int = Field(ge=1)
+    response_len: int = Field(ge=1)
+    rollout_tok_s: float = Field(gt=0)
+    speedup_vs_bf16: float  # nan where bf16 did not run
+    sync_share_pct: float  # nan where no sync was timed
+
+
+    @field_validator("rollout_tok_s")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+
+class BenchErrorRow(_Record):
+    """A precision `suite bench vllm` could not measure (the reason)."""
+    rollout: str
+    error: str
+
+
+class BenchVllmFile(_Record):
+    """`<out>/vllm.json`, written by `suite bench vllm` and read by `suite report --bench`."""
+    bench: Literal["vllm"]
+    rows: list[Any]
+
+    def measured(self, path: str | os.PathLike) -> list[BenchRow]:
+        """The rows that measured something, each checked (an error row is skipped)."""
+        out = []
+        for i, row in enumerate(self.rows):
+            if isinstance(row, dict) and "error" in row:
+                validate(BenchErrorRow, row, path, prefix=f"rows.{i}")
+                continue
+            out.append(validate(BenchRow, row, path, prefix=f"rows.{i}"))
+        return out
+
+
+# ------------------------------------------------------------------------------ a run's records
+
+class RunRecordFile(_Record):
+    """`<run dir>/mlflow_run.json`: where the run logs (MlflowLogger)."""
+    tracking_uri: str = Field(min_length=1)
+    run_id: str | None = None
+    experiment: str | None = None
+    run_name: str | None = None
+    tags: dict[str, Any] | None = None
+
+
+class SyncMarkerFile(_Record):
+    """`<run dir>/mlflow_sync.json`: how far MLflow has the run's metrics (MlflowLogger)."""
+    run_id: str | None = None
+    synced_step: int = Field(ge=-1)
+    end_status: str | None = None
+
+
+class ParamsFile(RootModel[dict[str, Any]]):
+    """`<run dir>/params.json`: the run's MLflow params."""
+
+
+class TagsFile(RootModel[dict[str, Any]]):
+    """`<run dir>/tags.json`: tags set after the run was created."""
+
+
+class ArtifactsFile(RootModel[list[str]]):
+    """`<run dir>/artifacts.json`: the files logged as the run's artifacts."""
+
+
+class MetricsLine(_Record):
+    """One line of `<run dir>/metrics.jsonl` (JsonlLogger)."""
+    step: int = Field(ge=0)
+    metrics: dict[str, Any]
+
+
+# ------------------------------------------------------------------------------ reading
+
+# file, its schema, the verbs that read it through the schema, the test that feeds them damaged copies
+SCHEMAS: tuple[tuple[str, type[BaseModel], str, str], ...] = (
+    ("<run dir>/eval/step_<step>.json", EvalResultsFile, "suite eval, suite report",
+     "tests/embedded/test_eval.py::TestBadInputs::test_each_refusal"),
+    ("<out>/vllm.json", BenchVllmFile, "suite report --bench",
+     "tests/report/test_tables.py::test_bench_vllm_rows_join_the_throughput_comparison"),
+    ("<run dir>/mlflow_run.json", RunRecordFile, "suite sync",
+     "tests/tracking/test_sync_bad_files.py::test_sync_on_damaged_record_files_names_the_file"),
+    ("<run dir>/mlflow_sync.json", SyncMarkerFile, "suite sync",
+     "tests/tracking/test_sync_bad_files.py::test_sync_on_damaged_record_files_names_the_file"),
+    ("<run dir>/params.json", ParamsFile, "suite sync",
+     "tests/tracking/test_sync_bad_files.py::test_sync_on_damaged_record_files_names_the_file"),
+    ("<run dir>/tags.json", TagsFile, "suite sync", "tests/test_schemas.py::test_each_schema_refuses_a_damaged_copy"),
+    ("<run dir>/artifacts.json", ArtifactsFile, "suite sync",
+     "tests/tracking/test_sync_bad_files.py::test_sync_on_damaged_record_files_names_the_file"),
+    ("<run dir>/metrics.jsonl (each line)", MetricsLine, "suite sync",
+     "tests/tracking/test_sync_bad_files.py::test_sync_on_damaged_record_files_names_the_file"),
+)
+
+
+def markdown_table() -> str:
+    """SCHEMAS as the table docs/architecture.md shows ("Files and their schemas"; a test keeps it current)."""
+    lines = ["| file | schema (suite.schemas) | read through it by | test of a damaged copy |", "|---|---|---|---|"]
+    lines += [f"| `{f}` | `{m.__name__}` | {who} | `{test}` |" for f, m, who, test in SCHEMAS]
+    return "\n".join(lines)
+
+
+def _expected(err: dict) -> str:
+    msg = err["msg"]
+    if err["type"] == "missing":
+        return "field required"
+    if err["type"] == "literal_error":
+        return msg.replace("Input should be", "must be")
+    return msg.replace("Input should be", "must be").replace("Value error, ", "")
+
+
+def _where(loc) -> str:
+    return ".".join(str(p) for p in loc if p != "root") or "(the whole file)"
+
+
+def validate(model: type[BaseModel], data: Any, path: str | os.PathLike, prefix: str = ""):
+    """`data` (already parsed) as `model`; SchemaError naming `path` and the first bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = _where(err["loc"])
+        where = f"{prefix}.{where}" if prefix and where != "(the whole file)" else (prefix or where)
+        got = "" if err["type"] == "missing" else f", got {_short(err.get('input'))}"
+        raise SchemaError(f"{path}: {where}: {_expected(err)}{got}") from None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_json(model: type[BaseModel], path: str | os.PathLike):
+    """The JSON file at `path` parsed as `model`. FileNotFoundError passes through (the caller decides
+    whether an absent file is an error); anything else wrong is one SchemaError line."""
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SchemaError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchemaError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    return validate(model, data, path)
+
+
+__all__ = ["SCHEMAS", "ArtifactsFile", "BenchRow", "BenchVllmFile", "EvalResultsFile", "MetricsLine", "ParamsFile",
+           "ProtocolRecord", "RunRecordFile", "SchemaError", "ScoreRecord", "SyncMarkerFile", "TagsFile", "read_json",
+           "validate"]
