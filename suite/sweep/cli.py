@@ -193,7 +193,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"sweep {sweep.name} ({sweep.path}); state {sweep.state_dir}")
         if sweep.launch_note:
             print(f"note: {sweep.launch_note}")
-        print_states(states)
+        print_states(states, sweep=sweep)
         if all(s.state == "done" for s in states):
             try:
                 running = parent_status(sweep) == "RUNNING"

@@ -303,7 +303,7 @@ def _wait_loop(sweep: Sweep, executor, queue: list[Cell], reported: set[int], li
         time.sleep(sweep.launcher.poll_s)
     prog.close()
     print(f"\nsweep {sweep.name} in {(time.time() - start) / 60:.1f} min:", file=stream)
-    print_states(states, stream)
+    print_states(states, stream, sweep=sweep)
     failed = [s for s in states if s.state != "done"]
     record_parent_status(sweep, "FAILED" if failed else "FINISHED", stream)
     from suite.tracking.experiments import ui_hint

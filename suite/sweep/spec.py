@@ -195,6 +195,7 @@ class Sweep:
     resources_note: str = ""
     # `--only KEY=V1,V2`: the matrix narrowed to these axis values (cells keep their indices in the full matrix)
     only: List[str] = None  # type: ignore[assignment]
+    matrix_size: int = 0  # cells of the file's whole matrix (more than len(cells) where --only narrowed it)
 
     def __post_init__(self):
         self.only = list(self.only or [])
@@ -442,6 +443,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     cli_keys = {override_key(line) for line in cli_cfg}
     common = [b for b in base if override_key(b) not in cli_keys] + cli_cfg
 
+    matrix_size = len(raw_cells)
     raw_cells = _narrow(path, keys, raw_cells, list(only))
     matrix_index = [i for i, _ in raw_cells]
     raw_cells = [values for _, values in raw_cells]
@@ -450,7 +452,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
         return Sweep(name=name, path=path, text=text, description=description, launcher=launcher,
                      resources=resources, profile=profile, profile_path=profile_path, axis_keys=keys,
                      cli_overrides=list(overrides), cells=[], state_dir=state_dir, tracking_uri=tracking_uri,
-                     experiment=experiment, only=list(only))
+                     experiment=experiment, only=list(only), matrix_size=matrix_size)
 
     if recorded:  # what the last launch submitted is the truth
         found = _recorded_sweep(name, text, list(overrides), _cell_overrides(common, raw_cells[0]), shell)
@@ -516,7 +518,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
                  resources=resources, profile=profile, profile_path=profile_path, axis_keys=keys,
                  cli_overrides=list(overrides), cells=cells, state_dir=state_dir,
                  tracking_uri=first.tracking.tracking_uri, experiment=first.tracking.experiment,
-                 resources_note=resources_note, only=list(only))
+                 resources_note=resources_note, only=list(only), matrix_size=matrix_size)
 
 
 def _cluster_shape(ov: list[str], cfg, resources: Resources, profile: SlurmProfile, profile_name: str) -> list[str]:
@@ -583,6 +585,7 @@ def _recorded_sweep(name: str, text: str, overrides: list[str], first_overrides:
     rec, cells = found
     sweep = shell(state_dir, rec["tracking_uri"], rec["experiment"])
     sweep.cells = cells
+    sweep.only = list(rec.get("only") or [])  # what that launch narrowed the matrix to
     if rec.get("launch_hash") != launch_hash(text, overrides):
         try:
             when = time.strftime(" (%Y-%m-%d %H:%M)",
@@ -598,8 +601,10 @@ def _recorded_sweep(name: str, text: str, overrides: list[str], first_overrides:
 
 
 def _narrow(path: str, keys: list[str], raw_cells: list[dict[str, str]], only: list[str]) -> list[tuple[int, dict]]:
-    """The cells `--only KEY=V1,V2` keeps, each with its index in the full matrix."""
-    cells = list(enumerate(raw_cells))
+    """The cells `--only KEY=V1,V2` keeps, each with its index in the full matrix. One key given twice
+    (`--only seed=0 --only seed=1`) keeps either value, as `--only seed=0,1` does; different keys keep
+    the cells that have one of each key's values."""
+    wanted: dict[str, list[str]] = {}
     for item in only:
         key, eq, values = item.partition("=")
         if not eq or not key or not values:
@@ -607,13 +612,15 @@ def _narrow(path: str, keys: list[str], raw_cells: list[dict[str, str]], only: l
         if key not in keys:
             raise SweepError(f"{path}: --only {item!r}: {key!r} is not an axis of the matrix; its axes: "
                              f"{', '.join(keys)}")
-        wanted = [v.strip() for v in values.split(",")]
-        seen = {_unquote(c[key]) for _, c in cells if key in c}
-        unknown = [v for v in wanted if v not in seen]
+        seen = {_unquote(c[key]) for c in raw_cells if key in c}
+        given = [v.strip() for v in values.split(",")]
+        unknown = [v for v in given if v not in seen]
         if unknown:
             raise SweepError(f"{path}: --only {item!r}: {key}={unknown[0]} is in no cell; its values: "
                              f"{', '.join(sorted(seen))}")
-        cells = [(i, c) for i, c in cells if _unquote(c.get(key, "")) in wanted]
+        wanted.setdefault(key, []).extend(given)
+    cells = [(i, c) for i, c in enumerate(raw_cells)
+             if all(_unquote(c.get(key, "")) in values for key, values in wanted.items())]
     if not cells:
         raise SweepError(f"{path}: --only {' '.join(only)}: no cell has all of these values")
     return cells

@@ -192,10 +192,17 @@ def _read_error(path: str) -> str:
         return ""
 
 
-def print_states(states: list[CellState], stream=None) -> None:
+def print_states(states: list[CellState], stream=None, sweep=None) -> None:
+    """The cells' table and counts; with `sweep`, what a narrowed launch (`--only`) left out of the file's matrix."""
     stream = stream or sys.stdout
     print(f"{'cell':>4}  {'state':<11} {'job':<12} {'progress':<12} run id", file=stream)
     for s in states:
         print(s.line(), file=stream)
     counts = {k: sum(s.state == k for s in states) for k in STATES}
-    print("  ".join(f"{k} {v}" for k, v in counts.items() if v) + f"  (of {len(states)})", file=stream, flush=True)
+    total = f"  (of {len(states)})"
+    size = getattr(sweep, "matrix_size", 0) or len(states)
+    if size > len(states):
+        only = " ".join(f"--only {o}" for o in (sweep.only or [])) or "a narrowed launch"
+        total = (f"  (of {len(states)} launched with {only}; the file's matrix has {size} cells: "
+                 f"`suite sweep {sweep.path}` without --only adds the other {size - len(states)})")
+    print("  ".join(f"{k} {v}" for k, v in counts.items() if v) + total, file=stream, flush=True)

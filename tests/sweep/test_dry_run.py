@@ -79,9 +79,12 @@ def test_an_embedded_estimate_is_this_machines_measured_step_time(tmp_path, caps
     assert "estimate in all: 6 min to 9 min (3 cells, 2 at once: 2 waves)" in out, out
 
 
-@pytest.mark.parametrize("only, cells", [("seed=0", 11), ("seed=0,2", 22), ("quant=bf16", 3)])
+@pytest.mark.parametrize("only, cells", [("seed=0", 11), ("seed=0,2", 22), ("quant=bf16", 3),
+                                         # one key twice is either value, as seed=0,2 is; two keys are both
+                                         (("seed=0", "seed=2"), 22), (("seed=0", "quant=bf16"), 1)])
 def test_only_narrows_the_matrix_keeping_cell_indices(only, cells, tmp_path, capsys):
-    out = _dry(capsys, str(REPO / "experiments" / "paper_tables.yaml"), f"out_dir={tmp_path}", "--only", only)
+    flags = [a for o in ((only,) if isinstance(only, str) else only) for a in ("--only", o)]
+    out = _dry(capsys, str(REPO / "experiments" / "paper_tables.yaml"), f"out_dir={tmp_path}", *flags)
     assert f"paper_tables: {cells} cells" in out
     if only == "quant=bf16":  # the first three cells of the full matrix, indices 0-2
         assert [ln.split()[0] for ln in out.splitlines() if ln[:1].isdigit()] == ["0", "1", "2"]

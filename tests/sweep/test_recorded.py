@@ -252,3 +252,19 @@ def test_the_report_expects_the_launch_cells_or_composes_the_file(launched, swee
 
     assert [e["params"] for e in got] == [config_params(c.cfg) for c in want.cells]
     assert n_composed == (0 if launch == "whole matrix" else 6), launch
+
+
+def test_status_of_a_narrowed_launch_says_what_the_file_has_beyond_it(tmp_path, sweep_env, capsys):
+    """After `suite sweep FILE --only seed=0`, `suite status FILE` shows the launched cells and says that the
+    file's matrix has more, and how to add them (it once said "(of 2)" of a six-cell file)."""
+    from suite.sweep.states import cell_states, print_states
+
+    path = write_sweep(tmp_path / "s.yaml", {"name": "narrow", "base": [*TINY, f"out_dir={tmp_path / 'runs'}"],
+                                             "matrix": {"seed": [0, 1, 2], "quant": ["int8", "bf16"]}})
+    write_state_files(load_sweep(str(path), only=["seed=0"]))
+    rec = load_sweep(str(path), recorded=True)
+    assert [c.index for c in rec.cells] == [0, 1] and rec.only == ["seed=0"] and rec.matrix_size == 6
+    print_states(cell_states(rec), sweep=rec)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.endswith(f"(of 2 launched with --only seed=0; the file's matrix has 6 cells: `suite sweep {path}` "
+                         "without --only adds the other 4)"), last
