@@ -204,14 +204,16 @@ def _report(args, uri, experiment, parent, flt, name, expected, out, bench, star
             raise
         print(f"suite report: cannot read the MLflow store {uri}: {str(e).splitlines()[0][:300]}", file=sys.stderr)
         return 2
+    if rd.runs.empty:  # nothing to report is a wrong source, not a report of nothing: no file is written
+        what = (f"sweep {name!r} ({args.sweep_file}) has no run there: it was never launched, or launched with "
+                "another tracking store (`suite status FILE` shows its cells)") if expected is not None else \
+            f"no runs found (experiment={experiment!r}, filter={flt!r}, parent={parent!r})"
+        print(f"suite report: {uri}: {what}", file=sys.stderr)
+        return 2
     if expected is not None:
         rd.runs = D.add_missing(rd.runs, expected)
         rd.source["sweep"] = name
         rd.source["sweep_file"] = os.path.abspath(args.sweep_file)
-    if rd.runs.empty:
-        print(f"suite report: no runs found at {uri} (experiment={experiment!r}, filter={flt!r}, parent={parent!r})",
-              file=sys.stderr)
-        return 1
     res = write_report(rd, out, paper_dir=args.paper, n_resamples=args.resamples or N_RESAMPLES,
                        ci_seed=CI_SEED if args.ci_seed is None else args.ci_seed,
                        notebook=not args.no_notebook, quiet=args.quiet, bench=bench)

@@ -323,5 +323,12 @@ def test_cli_bad_input_names_the_option(sweep_store, tmp_path):
         p = subprocess.run(base + ["--experiment", "report-test", "--bench", str(bench)], capture_output=True,
                            text=True, env=env, timeout=300)
         assert p.returncode == 2 and f"suite report: --bench {bench}" in p.stderr and message in p.stderr, p.stderr
+    # a sweep file that never ran in this store: a wrong source, not a report of nothing
+    never = tmp_path.parent / f"{tmp_path.name}-never.yaml"
+    never.write_text(f"name: never-ran\nbase: [model=tiny, tracking.experiment=report-test, "
+                     f"out_dir={tmp_path.parent / 'never-runs'}]\n"
+                     "matrix: {seed: [0, 1]}\n")
+    p = subprocess.run(base + [str(never)], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 2 and f"sweep 'never-ran' ({never}) has no run there" in p.stderr, p.stderr
     assert not any(tmp_path.iterdir())  # nothing written before the input was checked
 
