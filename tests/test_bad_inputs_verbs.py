@@ -261,6 +261,13 @@ _flags("uaq/sync flags", [
     (["sync", "--bogus", "x"], ["--bogus"]),
 ], "not a run dir\n")
 
+_EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+_flags("misspelt sweep file", [
+    (["sweep", str(_EXPERIMENTS / "quikstart.yaml"), "--dry-run"],
+     ["quikstart.yaml: no such sweep file; did you mean", str(_EXPERIMENTS / "quickstart.yaml")]),
+    (["status", str(_EXPERIMENTS / "ablation_uaq.yml")], ["did you mean", str(_EXPERIMENTS / "ablation_uaq.yaml")]),
+])
+
 _flags("run --warm-start-only", [
     (["run", "--warm-start-only", "backend=verl", "backend.model_path=IN", "backend.train_files=IN",
       "backend.val_files=IN"], ["--warm-start-only", "backend=verl", "allowed: backend=embedded"]),

@@ -375,7 +375,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     """
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
-        raise SweepError(f"{path}: no such sweep file")
+        raise SweepError(f"{path}: no such sweep file{_file_hint(path)}")
     text, data = read_yaml(path)
     if not isinstance(data, dict):
         raise SweepError(f"{path}: must be a mapping with keys {', '.join(TOP_KEYS)}")
@@ -598,6 +598,21 @@ def _recorded_sweep(name: str, text: str, overrides: list[str], first_overrides:
                              f"read: {os.path.join(state_dir, 'sweep.yaml')}). "
                              f"`suite sweep` launches the file as it is now")
     return sweep
+
+
+def _file_hint(path: str) -> str:
+    """'; did you mean X?' for a misspelt sweep file: the closest YAML files of its directory (or of the
+    suite's experiments/ when that directory does not exist), as a mistyped key gets the closest keys."""
+    import difflib
+
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        return ""
+    names = sorted(n for n in os.listdir(folder) if n.endswith((".yaml", ".yml")))
+    close = difflib.get_close_matches(os.path.basename(path), names, n=2, cutoff=0.6)
+    if close:
+        return "; did you mean " + " or ".join(os.path.join(os.path.dirname(path), c) for c in close) + "?"
+    return f"; the sweep files there: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}" if names else ""
 
 
 def _narrow(path: str, keys: list[str], raw_cells: list[dict[str, str]], only: list[str]) -> list[tuple[int, dict]]:
