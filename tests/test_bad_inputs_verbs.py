@@ -262,7 +262,7 @@ _flags("uaq/sync flags", [
 ], "not a run dir\n")
 
 _EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-_flags("misspelt sweep file", [
+_flags("sweep/status/cancel flags", [  # a misspelt sweep file
     (["sweep", str(_EXPERIMENTS / "quikstart.yaml"), "--dry-run"],
      ["quikstart.yaml: no such sweep file; did you mean", str(_EXPERIMENTS / "quickstart.yaml")]),
     (["status", str(_EXPERIMENTS / "ablation_uaq.yml")], ["did you mean", str(_EXPERIMENTS / "ablation_uaq.yaml")]),
