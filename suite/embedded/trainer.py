@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import random
+import sys
 import time
 
 import torch
@@ -489,7 +490,11 @@ class EmbeddedRun:
             self._restore(resumed[1])
         # Steps after the checkpoint are recomputed, never duplicated; with no checkpoint yet (a
         # kill before or during the first one) that is every step, the baseline evaluation included.
-        jsonl.truncate_after(self.step if resumed is not None else -1, drop_corrupt=drop_corrupt)
+        dropped = jsonl.truncate_after(self.step if resumed is not None else -1, drop_corrupt=drop_corrupt)
+        if resumed is not None:  # said before the bar, which starts at this step
+            again = f"; {dropped} metrics line(s) after it dropped and recomputed" if dropped else ""
+            print(f"resuming {os.path.basename(self.run_dir)} from step {self.step} of {cfg.steps} (its newest "
+                  f"checkpoint){again}", file=sys.stderr, flush=True)
         mlflow_logger = self.open_run(tags={
             "kernels_executed": self.kernels_executed, "cpu_flags": hardware.cpu_features().label(),
             # a cache written before the flags were recorded says "unknown"

@@ -361,6 +361,9 @@ def test_kill_9_then_rerun_resumes_without_lost_or_duplicated_steps(tmp_path, mo
 
     out = subprocess.run([sys.executable, "-m", "suite.cli", "run", *over], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+    # said before the bar (which starts at 4/10): where it resumes, and that the lines after it are recomputed
+    assert f"resuming {os.path.basename(run_dir)} from step 4 of 10 (its newest checkpoint); " in out.stderr
+    assert "metrics line(s) after it dropped and recomputed" in out.stderr, out.stderr
     resumed = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     assert [e["step"] for e in resumed] == list(range(11))
 
