@@ -267,3 +267,19 @@ def test_a_verl_runs_relative_paths_that_exist_become_absolute(tmp_path, monkeyp
                            f"{tmp_path}/export/b.parquet'", "backend.val_files=Qwen/Qwen2.5-7B",
                            f"backend.reward_fn_path={tmp_path}/export/reward.py"])
     assert run_id(same) == run_id(cfg)  # one run, however its paths were written
+
+
+def test_verl_names_every_missing_path_and_the_install_in_one_message():
+    """backend=verl without its paths: one line with all of them (not one per attempt), what provides each under
+    a recipe, and what the environment lacks to run verl (here: an interpreter that is not there)."""
+    with pytest.raises(ConfigError) as err:
+        compose_config(["recipe=qurl-gsm8k", "backend.python=/nonexistent/bin/python"])
+    msg = str(err.value)
+    assert msg.startswith("backend.model_path, backend.train_files, backend.val_files: required with backend=verl")
+    assert "model_path: recipe=qurl-gsm8k trains Qwen/Qwen2.5-0.5B-Instruct" in msg
+    assert "train_files: `suite data prepare gsm8k --src FILE --out DIR`" in msg
+    assert msg.endswith("; and backend.python=/nonexistent/bin/python: no such interpreter here (it runs verl's "
+                        "trainer)") and "\n" not in msg
+    with pytest.raises(ConfigError) as err:
+        compose_config(["backend=verl", "backend.model_path=/m", "backend.python=/nonexistent/bin/python"])
+    assert str(err.value).startswith("backend.train_files, backend.val_files: required")

@@ -199,16 +199,22 @@ def validate_verl(cfg: DictConfig) -> None:
         check(cfg.algo.name == recipe.groups["algo"], "algo",
               f"recipe={b.recipe} is an algo={recipe.groups['algo']} experiment ({recipe.description}); this run "
               f"sets algo={cfg.algo.name}: leave algo to the recipe (experiments/paper_tables.yaml has no algo axis)")
-    for key in ("model_path", "train_files", "val_files"):
-        hint = ""
-        if recipe is not None and key == "model_path" and recipe.model:
-            hint = f"; recipe={b.recipe} trains {recipe.model}"
-        elif recipe is not None and key == "train_files" and recipe.train_data:
-            hint = f"; recipe={b.recipe}: `suite data prepare {recipe.train_data} --src FILE --out DIR`"
-        elif recipe is not None and key == "val_files" and recipe.val_data:
-            names = ", ".join(recipe.val_data)
-            hint = f"; recipe={b.recipe}: `suite data prepare NAME --src FILE --out DIR` for {names}"
-        check(bool(b[key]), f"backend.{key}", f"required with backend=verl (a local path on the compute nodes){hint}")
+    # every path still needed in one message, with what provides each and the install verl needs, if any
+    needed = [key for key in ("model_path", "train_files", "val_files") if not b[key]]
+    if needed:
+        hints = []
+        if recipe is not None and "model_path" in needed and recipe.model:
+            hints.append(f"model_path: recipe={b.recipe} trains {recipe.model}")
+        if recipe is not None and "train_files" in needed and recipe.train_data:
+            hints.append(f"train_files: `suite data prepare {recipe.train_data} --src FILE --out DIR`")
+        if recipe is not None and "val_files" in needed and recipe.val_data:
+            hints.append(f"val_files: `suite data prepare NAME --src FILE --out DIR` for {', '.join(recipe.val_data)}")
+        from suite.verl.backend import missing
+
+        install = missing(cfg)
+        check(False, ", ".join(f"backend.{k}" for k in needed),
+              "required with backend=verl (local paths on the compute nodes)"
+              + "".join(f"; {h}" for h in hints) + (f"; and {install}" if install else ""))
     check(b.nnodes >= 1, "backend.nnodes", "must be >= 1")
     check(b.n_gpus_per_node >= 1, "backend.n_gpus_per_node", "must be >= 1")
     check(b.max_prompt_length >= 1, "backend.max_prompt_length", "must be >= 1")
