@@ -425,7 +425,26 @@ def prepare(name: str, src: str | os.PathLike, out_dir: str | os.PathLike, split
     sources = ", ".join(sorted({r["data_source"] for r in rows}))
     note = f"; dropped {dropped} repeated prompts" if dropped else ""
     print(f"wrote {len(rows)} rows to {path} (data_source {sources}, split {split}{note})")
+    if repeats := _repeats(rows):  # kept (the file is the benchmark as given), but never silently
+        pairs = ", ".join(f"{a} = {b}" for a, b in repeats[:5]) + (" ..." if len(repeats) > 5 else "")
+        what = "a held-out set scores each copy, so that problem weighs more in the accuracy" if split == "test" \
+            else "each copy is trained on"
+        print(f"note: {len(repeats)} row(s) repeat an earlier row's prompt (rows {pairs}); kept as the source has "
+              f"them: {what}; check {src}")
     return path
+
+
+def _repeats(rows: list[dict]) -> list[tuple[int, int]]:
+    """(first row, repeating row) for every row whose prompt an earlier row has."""
+    first: dict[tuple, int] = {}
+    out = []
+    for i, r in enumerate(rows):
+        key = tuple((m["role"], m["content"]) for m in r["prompt"])
+        if key in first:
+            out.append((first[key], i))
+        else:
+            first[key] = i
+    return out
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:

@@ -144,6 +144,19 @@ def test_dapo_passes_through_and_keeps_the_first_of_each_prompt(tmp_path, capsys
     assert {r["data_source"] for r in rows} == {"math_dapo"}
 
 
+def test_a_held_out_set_with_a_repeated_problem_keeps_it_and_says_so(tmp_path, capsys):
+    """A benchmark file is written as given (its copies score as it counts them), but a repeated prompt is named:
+    it once weighed twice in a held-out accuracy without a word."""
+    records = [AIME[0], {**AIME[0], "ID": "2024-I-2", "Problem": "Another."}, {**AIME[0], "ID": "2024-I-3"}]
+    path = prepare("aime24", _write(tmp_path / "aime.jsonl", records), tmp_path / "out")
+    out = capsys.readouterr().out
+    assert len(_read(path)) == 3 and "wrote 3 rows" in out
+    assert "note: 1 row(s) repeat an earlier row's prompt (rows 0 = 2); kept as the source has them: a held-out " \
+           "set scores each copy" in out, out
+    prepare("aime24", _write(tmp_path / "aime2.jsonl", records[:2]), tmp_path / "out2")
+    assert "note:" not in capsys.readouterr().out  # no repeat, no note
+
+
 def test_deepscaler_json_array_through_the_cli(tmp_path):
     src = tmp_path / "deepscaler.json"
     src.write_text(json.dumps(DEEPSCALER, indent=1))
