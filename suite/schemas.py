@@ -150,6 +150,27 @@ class MetricsLine(_Record):
     metrics: dict[str, Any]
 
 
+# ------------------------------------------------------------------------------ a sweep's state
+
+class MatrixCell(_Record):
+    """One cell as the launch composed it."""
+    index: int = Field(ge=0)
+    overrides: list[str]
+    axes: dict[str, Any]
+    run_id: str = Field(min_length=1)
+    run_dir: str = Field(min_length=1)
+    steps: int = Field(ge=0)
+    config: dict[str, Any] | None = None
+
+
+class MatrixRecordFile(_Record):
+    """`<state dir>/matrix.json`: the last launch's cells, each with its resolved config (Sweep.matrix_json)."""
+    tracking_uri: str
+    experiment: str
+    cells: list[MatrixCell] = Field(min_length=1)
+    only: list[str] = []
+
+
 # ------------------------------------------------------------------------------ reading
 
 # file, its schema, the verbs that read it through the schema, the test that feeds them damaged copies
@@ -158,6 +179,8 @@ SCHEMAS: tuple[tuple[str, type[BaseModel], str, str], ...] = (
      "tests/embedded/test_eval.py::TestBadInputs::test_each_refusal"),
     ("<out>/vllm.json", BenchVllmFile, "suite report --bench",
      "tests/report/test_tables.py::test_bench_vllm_rows_join_the_throughput_comparison"),
+    ("<state dir>/matrix.json", MatrixRecordFile, "suite status, suite report (a damaged record: the cells are "
+     "composed from the file instead)", "tests/test_schemas.py::test_each_schema_refuses_a_damaged_copy"),
     ("<run dir>/mlflow_run.json", RunRecordFile, "suite sync",
      "tests/tracking/test_sync_bad_files.py::test_sync_on_damaged_record_files_names_the_file"),
     ("<run dir>/mlflow_sync.json", SyncMarkerFile, "suite sync",
@@ -224,6 +247,7 @@ def read_json(model: type[BaseModel], path: str | os.PathLike):
     return validate(model, data, path)
 
 
-__all__ = ["SCHEMAS", "ArtifactsFile", "BenchRow", "BenchVllmFile", "EvalResultsFile", "MetricsLine", "ParamsFile",
+__all__ = ["SCHEMAS", "ArtifactsFile", "BenchRow", "BenchVllmFile", "EvalResultsFile", "MatrixCell", "MatrixRecordFile",
+           "MetricsLine", "ParamsFile",
            "ProtocolRecord", "RunRecordFile", "SchemaError", "ScoreRecord", "SyncMarkerFile", "TagsFile", "read_json",
            "validate"]

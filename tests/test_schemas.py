@@ -39,6 +39,9 @@ GOOD = {
     S.TagsFile: {"seed": "0"},
     S.ArtifactsFile: ["a.txt"],
     S.MetricsLine: {"step": 0, "metrics": {"x": 1.0}},
+    S.MatrixRecordFile: {"tracking_uri": "sqlite:///m.db", "experiment": "suite", "only": [],
+                         "cells": [{"index": 0, "overrides": ["seed=0"], "axes": {"seed": "0"}, "run_id": "r",
+                                    "run_dir": "runs/r", "steps": 5, "config": {"seed": 0}}]},
 }
 BAD = [
     (S.EvalResultsFile, lambda d: d["scores"][0]["protocol"].update(top_p=0), "scores.0.protocol.top_p: must be "
@@ -53,6 +56,8 @@ BAD = [
     (S.TagsFile, lambda d: None, None),
     (S.ArtifactsFile, lambda d: d.append(None), "1: must be a valid string, got None"),
     (S.MetricsLine, lambda d: d.update(metrics=[1]), "metrics: must be a valid dictionary, got [1]"),
+    (S.MatrixRecordFile, lambda d: d["cells"][0].update(steps="5"), "cells.0.steps: must be a valid integer, got '5'"),
+    (S.MatrixRecordFile, lambda d: d.update(cells=[]), "cells: List should have at least 1 item"),
 ]
 
 

@@ -131,20 +131,17 @@ def overrides_changed(before: list[str], now: list[str]) -> str:
 
 
 def read_record(state_dir: str) -> Optional[tuple[dict, list[RecordedCell]]]:
-    """The last launch's record in `state_dir` (`matrix.json`) and its cells; None when there is
-    none or it cannot be read (then the cells are composed)."""
+    """The last launch's record in `state_dir` (`matrix.json`, schema suite.schemas.MatrixRecordFile) and its
+    cells; None when there is none or it does not match its schema (then the cells are composed)."""
+    from suite.schemas import MatrixRecordFile, SchemaError, read_json
+
     try:
-        with open(os.path.join(state_dir, "matrix.json"), encoding="utf-8") as fh:
-            rec = json.load(fh)
-        cells = [RecordedCell(index=int(c["index"]), overrides=list(c["overrides"]), axes=dict(c["axes"]),
-                              run_id=str(c["run_id"]), run_dir=str(c["run_dir"]), steps=int(c["steps"]),
-                              config=c["config"] if isinstance(c.get("config"), dict) else None)
-                 for c in rec["cells"]]
-        if not cells or not isinstance(rec.get("tracking_uri"), str) or not isinstance(rec.get("experiment"), str):
-            return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        doc = read_json(MatrixRecordFile, os.path.join(state_dir, "matrix.json"))
+    except (OSError, SchemaError):
         return None
-    return rec, cells
+    cells = [RecordedCell(index=c.index, overrides=list(c.overrides), axes=dict(c.axes), run_id=c.run_id,
+                          run_dir=c.run_dir, steps=c.steps, config=c.config) for c in doc.cells]
+    return doc.model_dump(), cells
 
 
 # suite.config's Config.out_dir (tests/sweep/test_recorded.py checks it): where a sweep that does
