@@ -33,31 +33,9 @@ def command(cfg: DictConfig, run_dir: str, overrides: list[str]) -> list[str]:
     return list(verl_command(cfg, run_dir))
 
 
-# run by `backend.python`, the interpreter that will run verl: where its packages are looked up
-_FIND = ("import importlib.util as u, sys; "
-         "sys.stdout.write(' '.join(m for m in ('verl', 'vllm') if u.find_spec(m) is None))")
-
-
 def missing(cfg: DictConfig) -> str | None:
     """What the environment lacks to run `cfg` (verl and vLLM, looked up by `backend.python`,
-    the interpreter that runs verl's trainer), in one line; None when nothing. A fraction of a
-    second: the packages are found, not imported."""
-    import shutil
-    import subprocess
+    the interpreter that runs verl's trainer), in one line; None when nothing."""
+    from suite.verl.install import missing_install
 
-    python = str(cfg.backend.python)
-    if shutil.which(python) is None:
-        return f"backend.python={python}: no such interpreter here (it runs verl's trainer)"
-    try:
-        out = subprocess.run([python, "-c", _FIND], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"backend.python={python}: could not be started ({exc})"
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or [""])[-1]
-        return f"backend.python={python}: could not look up verl and vllm ({last})"
-    if out.stdout.strip():
-        from suite.verl.sync_check import INSTALL
-
-        return (f"backend=verl needs {' and '.join(out.stdout.split())} in the environment of backend.python={python}, "
-                f"which has not: {INSTALL}")
-    return None
+    return missing_install(str(cfg.backend.python))

@@ -209,9 +209,9 @@ def validate_verl(cfg: DictConfig) -> None:
             hints.append(f"train_files: `suite data prepare {recipe.train_data} --src FILE --out DIR`")
         if recipe is not None and "val_files" in needed and recipe.val_data:
             hints.append(f"val_files: `suite data prepare NAME --src FILE --out DIR` for {', '.join(recipe.val_data)}")
-        from suite.verl.backend import missing
+        from suite.verl.install import missing_install
 
-        install = missing(cfg)
+        install = missing_install(str(b.python))
         check(False, ", ".join(f"backend.{k}" for k in needed),
               "required with backend=verl (local paths on the compute nodes)"
               + "".join(f"; {h}" for h in hints) + (f"; and {install}" if install else ""))

@@ -39,6 +39,8 @@ import traceback
 import uuid
 from pathlib import Path
 
+from suite.verl.install import INSTALL  # what a GPU node installs
+
 # head_dim 32: served on CPU and GPU; 4 decoder layers of ~0.85 MB float32 each, so a 1 MB bucket
 # reaches at most two of them and a layer-wise sync holds less than the whole model
 VOCAB, HIDDEN, LAYERS, HEADS, FFN, MAX_LEN = 256, 64, 4, 2, 1024, 128
@@ -46,7 +48,6 @@ ROLLOUTS = ("int8", "fp8_per_channel", "w4a16")
 W4_GROUP = 32  # the tiny model's 64-wide inputs hold two groups (vLLM needs the width a multiple of it)
 LOGPROB_TOL = 1e-3  # synced vs fresh INT8 engine: the same weights and kernels (measured: 0 on vLLM CPU)
 BUCKET_MB = 1  # several buckets: fused q/k/v and gate/up shards may land in different ones
-INSTALL = "pip install -e '.[gpu]' (verl 0.9.1 + vllm 0.24.0) on a GPU node; .ci/vllm-cpu builds the CPU one"
 
 
 class CheckFailed(Exception):
