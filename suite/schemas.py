@@ -171,6 +171,20 @@ class MatrixRecordFile(_Record):
     only: list[str] = []
 
 
+class JobRecord(_Record):
+    """One line of `<state dir>/jobs.jsonl`: a cell's job as the driver (or `suite cancel`) recorded it."""
+    cell: int = Field(ge=0)
+    run_id: str = Field(min_length=1)
+    job_id: str = Field(min_length=1)
+
+
+class ParentRunFile(_Record):
+    """`<state dir>/parent_run.json`: the sweep's MLflow parent run."""
+    run_id: str = Field(min_length=1)
+    tracking_uri: str = Field(min_length=1)
+    experiment: str | None = None
+
+
 # ------------------------------------------------------------------------------ reading
 
 # file, its schema, the verbs that read it through the schema, the test that feeds them damaged copies
@@ -181,6 +195,10 @@ SCHEMAS: tuple[tuple[str, type[BaseModel], str, str], ...] = (
      "tests/report/test_tables.py::test_bench_vllm_rows_join_the_throughput_comparison"),
     ("<state dir>/matrix.json", MatrixRecordFile, "suite status, suite report (a damaged record: the cells are "
      "composed from the file instead)", "tests/test_schemas.py::test_each_schema_refuses_a_damaged_copy"),
+    ("<state dir>/jobs.jsonl (each line)", JobRecord, "suite sweep, suite status, suite cancel",
+     "tests/sweep/test_status_bad_files.py::test_a_damaged_jobs_file_is_named"),
+    ("<state dir>/parent_run.json", ParentRunFile, "suite sweep, suite status, suite report",
+     "tests/report/test_report_bad_files.py::test_a_damaged_parent_record_of_a_sweep_is_named"),
     ("<run dir>/mlflow_run.json", RunRecordFile, "suite sync",
      "tests/tracking/test_sync_bad_files.py::test_sync_on_damaged_record_files_names_the_file"),
     ("<run dir>/mlflow_sync.json", SyncMarkerFile, "suite sync",
@@ -247,7 +265,7 @@ def read_json(model: type[BaseModel], path: str | os.PathLike):
     return validate(model, data, path)
 
 
-__all__ = ["SCHEMAS", "ArtifactsFile", "BenchRow", "BenchVllmFile", "EvalResultsFile", "MatrixCell", "MatrixRecordFile",
-           "MetricsLine", "ParamsFile",
+__all__ = ["SCHEMAS", "ArtifactsFile", "BenchRow", "BenchVllmFile", "EvalResultsFile", "JobRecord", "MatrixCell",
+           "MatrixRecordFile", "MetricsLine", "ParamsFile", "ParentRunFile",
            "ProtocolRecord", "RunRecordFile", "SchemaError", "ScoreRecord", "SyncMarkerFile", "TagsFile", "read_json",
            "validate"]

@@ -39,6 +39,8 @@ GOOD = {
     S.TagsFile: {"seed": "0"},
     S.ArtifactsFile: ["a.txt"],
     S.MetricsLine: {"step": 0, "metrics": {"x": 1.0}},
+    S.JobRecord: {"cell": 0, "run_id": "r", "job_id": "123", "launcher": "local"},
+    S.ParentRunFile: {"run_id": "abc", "tracking_uri": "sqlite:///m.db", "experiment": "suite"},
     S.MatrixRecordFile: {"tracking_uri": "sqlite:///m.db", "experiment": "suite", "only": [],
                          "cells": [{"index": 0, "overrides": ["seed=0"], "axes": {"seed": "0"}, "run_id": "r",
                                     "run_dir": "runs/r", "steps": 5, "config": {"seed": 0}}]},
@@ -56,6 +58,8 @@ BAD = [
     (S.TagsFile, lambda d: None, None),
     (S.ArtifactsFile, lambda d: d.append(None), "1: must be a valid string, got None"),
     (S.MetricsLine, lambda d: d.update(metrics=[1]), "metrics: must be a valid dictionary, got [1]"),
+    (S.JobRecord, lambda d: d.update(cell=-1), "cell: must be greater than or equal to 0, got -1"),
+    (S.ParentRunFile, lambda d: d.update(run_id=""), "run_id: String should have at least 1 character"),
     (S.MatrixRecordFile, lambda d: d["cells"][0].update(steps="5"), "cells.0.steps: must be a valid integer, got '5'"),
     (S.MatrixRecordFile, lambda d: d.update(cells=[]), "cells: List should have at least 1 item"),
 ]

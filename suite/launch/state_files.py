@@ -29,14 +29,16 @@ def _text(path: Path) -> str:
         raise StateFileError(f"{path}: cannot read the sweep state file: {exc.strerror or exc}") from None
 
 
-def _record_problem(rec: object) -> str | None:
+def _record_problem(rec: object, where: str) -> str | None:
+    """What is wrong with one jobs.jsonl record (schema suite.schemas.JobRecord), or None."""
+    from suite.schemas import JobRecord, SchemaError, validate
+
     if not isinstance(rec, dict):
         return f"a JSON {type(rec).__name__}, not a record"
-    if not isinstance(rec.get("cell"), int) or isinstance(rec.get("cell"), bool):
-        return f"'cell' must be an integer, got {rec.get('cell')!r}"
-    for key in ("run_id", "job_id"):
-        if not isinstance(rec.get(key), str) or not rec.get(key):
-            return f"{key!r} must be a non-empty string, got {rec.get(key)!r}"
+    try:
+        validate(JobRecord, rec, where)
+    except SchemaError as exc:
+        return str(exc).removeprefix(f"{where}: ")
     return None
 
 
@@ -60,7 +62,7 @@ def read_jobs(path: str | os.PathLike) -> list[dict]:
             raise StateFileError(f"{path}, line {i}: not JSON ({exc.msg}): the sweep state file is damaged; "
                                  f"fix or delete that line (cells it names are then re-read from their "
                                  f"run dirs)") from None
-        problem = _record_problem(rec)
+        problem = _record_problem(rec, f"{path}, line {i}")
         if problem:
             raise StateFileError(f"{path}, line {i}: {problem}: the sweep state file is damaged")
         out.append(rec)
@@ -91,8 +93,11 @@ def read_parent(path: str | os.PathLike) -> dict | None:
     except json.JSONDecodeError as exc:
         raise StateFileError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}): the record of the sweep's "
                              f"MLflow parent run is damaged; delete it to start a new parent run") from None
-    if not isinstance(info, dict) or not all(isinstance(info.get(k), str) and info.get(k)
-                                             for k in ("run_id", "tracking_uri")):
-        raise StateFileError(f"{path}: must be a JSON object with string run_id and tracking_uri, got {info!r:.200}; "
-                             f"delete it to start a new parent run")
+    from suite.schemas import ParentRunFile, SchemaError, validate
+
+    try:
+        validate(ParentRunFile, info, path)
+    except SchemaError as exc:
+        raise StateFileError(f"{exc}: the record of the sweep's MLflow parent run (run_id, tracking_uri) is "
+                             f"damaged; delete it to start a new parent run") from None
     return info

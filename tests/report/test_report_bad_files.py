@@ -71,6 +71,9 @@ def test_a_damaged_parent_record_of_a_sweep_is_named(work, capsys):
     assert code == 2 and f"{state / 'parent_run.json'}: not JSON" in err, err
     (state / "parent_run.json").write_text('["a list"]')
     code, err = _report(capsys, str(sweep), "--out", str(work / "out"))
-    assert code == 2 and "must be a JSON object with string run_id" in err, err
+    assert code == 2 and f"{state / 'parent_run.json'}: (the whole file): must be a valid dictionary" in err, err
+    (state / "parent_run.json").write_text('{"run_id": "abc"}')
+    code, err = _report(capsys, str(sweep), "--out", str(work / "out"))
+    assert code == 2 and f"{state / 'parent_run.json'}: tracking_uri: field required" in err, err
     assert "Traceback" not in err and not (work / "out").exists()
     assert os.listdir(state) == ["parent_run.json"]

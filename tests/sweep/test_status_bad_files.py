@@ -41,8 +41,11 @@ def _rec(sw, i, **kw):
 BAD_JOBS = {
     "not JSON in the middle": (lambda sw: "{oops\n" + json.dumps(_rec(sw, 0)) + "\n", ["line 1", "not JSON"]),
     "a list, not a record": (lambda sw: "[1, 2]\n", ["line 1", "a JSON list, not a record"]),
-    "no run id": (lambda sw: json.dumps({"cell": 0, "job_id": "1"}) + "\n", ["line 1", "'run_id'"]),
-    "cell not an integer": (lambda sw: json.dumps({**_rec(sw, 0), "cell": "0"}) + "\n", ["line 1", "'cell'"]),
+    "no run id": (lambda sw: json.dumps({"cell": 0, "job_id": "1"}) + "\n", ["line 1: run_id: field required"]),
+    "cell not an integer": (lambda sw: json.dumps({**_rec(sw, 0), "cell": "0"}) + "\n",
+                            ["line 1: cell: must be a valid integer, got '0'"]),
+    "an empty job id": (lambda sw: json.dumps({**_rec(sw, 0), "job_id": ""}) + "\n",
+                        ["line 1: job_id: String should have at least 1 character"]),
     "not UTF-8": (lambda sw: "\udcff\n", ["not UTF-8"]),
 }
 
