@@ -4,7 +4,7 @@ A file written by one verb and read by another (a run's records, `suite eval`'s 
 vllm`'s results) is parsed by its pydantic model here, never indexed into as a dict: a damaged or foreign
 file is refused in one line that names the file, the field and what was expected,
 
-    runs/r1/eval/step_00000010.json: scores.0.protocol: field required (a mapping: samples, temperature, ...)
+    runs/r1/eval/step_00000010.json: scores.0.engine: must be 'bf16', 'fp32' or 'rollout', got 'int8'
 
 and the caller turns that line into exit status 2 before it writes anything. `SCHEMAS` lists every file
 read this way with its model (docs/architecture.md, "Files and their schemas", is generated from it).
@@ -42,7 +42,6 @@ class ProtocolRecord(_Record):
     max_new_tokens: int = Field(ge=1)
 
 
-
 class ScoreRecord(_Record):
     """One benchmark scored by one engine from one checkpoint (suite.evaluation.Score)."""
     benchmark: str = Field(min_length=1)
@@ -56,7 +55,6 @@ class ScoreRecord(_Record):
     seconds: float = Field(ge=0)
     grader: str = ""
     metric: str = ""
-
 
 
 class EvalResultsFile(_Record):
@@ -82,7 +80,6 @@ class BenchRow(_Record):
     rollout_tok_s: float = Field(gt=0)
     speedup_vs_bf16: float  # nan where bf16 did not run
     sync_share_pct: float  # nan where no sync was timed
-
 
     @field_validator("rollout_tok_s")
     @classmethod
