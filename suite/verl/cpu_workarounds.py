@@ -44,6 +44,10 @@ VERL_CPU_OVERRIDES = (
     "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_DEVICE=cuda",
     "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_ENGINE_VENDOR=nvidia",
     "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_CPU_KVCACHE_SPACE='1'",  # GiB of KV cache
+    # one agent-loop and one reward-loop actor, not verl's 8 + 8: each is a process that imports torch and verl
+    # (~1.5 min of a 4-minute tiny run on 2 cores), and one asyncio agent loop keeps a CPU vLLM server busy
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    "reward.num_workers=1",
 )
 # DAPO's dynamic sampling runs in verl's v1 trainer only (its replay buffer filters the groups), which keeps
 # its batches in TransferQueue: its default of 8 storage actors takes a CPU each, all of Ray's 8 here, and

@@ -2,7 +2,7 @@
 unknown benchmark (the run's held-out data sources are listed), an engine verl runs have not, a missing
 held-out file, a run without a checkpoint, a checkpoint of another model than the run's. The run
 directory is a real verl run's layout (config.yaml, checkpoints/global_step_N/actor with verl's
-fsdp_config.json and huggingface/config.json); merging and serving need vLLM (tests/vllm_cpu/test_verl_eval.py)."""
+fsdp_config.json and huggingface/config.json); merging and serving need vLLM (tests/vllm_cpu/test_verl_grpo.py)."""
 
 from __future__ import annotations
 

@@ -57,13 +57,41 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
 
 
+@pytest.fixture(scope="session")
+def one_verl_run_at_a_time():
+    """Taken by every test that starts verl: each verl run starts its own local Ray cluster, vLLM server and
+    FSDP worker, and two at once on 2 cores would share them badly. As a session fixture it puts those tests
+    in one xdist group (tests/xdist_groups.py), so `.ci/vllm-cpu`'s two workers run them one after another,
+    beside the in-process engine tests on the other worker."""
+
+
+# measured numbers (parity, sync times, step metrics) from xdist's workers, gathered on the controller
+_WORKER_NUMBERS: list[str] = []
+
+
+def pytest_sessionfinish(session):
+    out = getattr(session.config, "workeroutput", None)  # set on an xdist worker only
+    if out is not None:
+        try:
+            from vllm_tiny import NUMBERS
+        except ImportError:
+            return
+        out["suite_vllm_numbers"] = list(NUMBERS)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: optional, so these tests run without xdist too
+def pytest_testnodedown(node, error):
+    _WORKER_NUMBERS.extend(getattr(node, "workeroutput", {}).get("suite_vllm_numbers", []))
+
+
 def pytest_terminal_summary(terminalreporter):
     # the measured numbers (parity, sync times, step metrics), whatever pytest captured
     try:
         from vllm_tiny import NUMBERS
     except ImportError:
         return
-    if NUMBERS:
+    lines = _WORKER_NUMBERS + NUMBERS
+    if lines:
         terminalreporter.section("vLLM CPU measurements")
-        for line in NUMBERS:
+        for line in lines:
             terminalreporter.write_line(line)
