@@ -47,6 +47,7 @@ from suite.core.losses import (TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DEL
 from suite.core.quant import FP8_GRANULARITIES, PRECISIONS  # noqa: F401  (PRECISIONS: the quantizer registry)
 from suite.core.quant import LOW_BIT_PRECISIONS, WINT_BITS, WINT_GROUP_SIZES
 # re-exported: a run's identity is part of its config's API
+from suite.tracking.mlflow_logger import tracking_uri_problem
 from suite.identity import axes, axes_label, group_key, hardware_pins, identity_tags, resolve_hardware, run_id  # noqa: F401
 
 CORRECTIONS = tuple(_LOSS_REGISTRY)  # suite.core.losses: naive | bypass | tis | acr | tbpo
@@ -282,7 +283,6 @@ _register()
 
 # MLflow tracking URI schemes (mlflow.tracking._tracking_service.utils: file, sqlite and the other
 # SQLAlchemy databases, http(s), databricks); a URI without a scheme is a local directory.
-_TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc")
 _SEED_LIMIT = 2**32  # numpy-compatible seeds; torch's derived seeds (seed * 1_000_003 + k) stay in range
 
 
@@ -402,13 +402,8 @@ def validate(cfg: DictConfig) -> None:
     check_text(cfg, "warm_start.cache_dir")
     check_text(cfg, "tracking.experiment")
     check_text(cfg, "tracking.tracking_uri")
-    uri = cfg.tracking.tracking_uri
-    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", uri)
-    if scheme and not re.match(r"^[A-Za-z]:[\\/]", uri):  # C:\... is a path, not a scheme
-        base = scheme.group(1).split("+")[0].lower()  # postgresql+psycopg2 -> postgresql
-        _check(base in _TRACKING_SCHEMES, "tracking.tracking_uri",
-               f"must be a local directory or an MLflow URI with one of the schemes {', '.join(_TRACKING_SCHEMES)}, "
-               f"got {uri!r}")
+    uri_problem = tracking_uri_problem(cfg.tracking.tracking_uri)
+    _check(uri_problem is None, "tracking.tracking_uri", uri_problem or "")
     check_number(cfg, "tracking.console_every", 0)
 
     algo = cfg.algo.name

@@ -56,3 +56,12 @@ def check_override_types(cfg: DictConfig, parsed: list) -> None:
         if isinstance(child, BooleanNode) and node is not None:
             value = o.value()
             check(isinstance(value, bool), o.key_or_group, f"must be true or false, got {value!r}")
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line: OmegaConf's and PyYAML's add lines of context (`full_key: ...`,
+    `object_type=...`, a caret under the text); the one line keeps the message and the key it is about."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    line = lines[0] if lines else type(exc).__name__
+    key = getattr(exc, "full_key", None)  # OmegaConf's: the key its message's later lines name
+    return f"{key}: {line}" if isinstance(key, str) and key and key not in line else line

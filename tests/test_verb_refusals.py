@@ -320,6 +320,10 @@ class TestSync:
         (work / "run" / "mlflow_run.json").write_text("{cut")
         refused(work, ["sync", "run"], ["mlflow_run.json: not valid JSON"], capsys)
 
+    def test_a_tracking_uri_no_store_takes(self, work, capsys):
+        (work / "run").mkdir()
+        refused(work, ["sync", "run", "--tracking-uri", "ftp://x"], ["--tracking-uri", "ftp://x", "sqlite"], capsys)
+
 
 class TestCancel:
     def test_a_damaged_jobs_record(self, work, capsys):

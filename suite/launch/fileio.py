@@ -63,8 +63,17 @@ def read_yaml(path: str | os.PathLike, error: type[Exception] = None) -> tuple[s
     try:
         data = yaml.load(text, Loader=_unique_key_loader())  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML: {exc}") from None
+        raise error(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     return text, data
+
+
+def yaml_problem(exc: Exception) -> str:
+    """PyYAML's error as one line with its position ("expected ..., but found ... at line 2, column 1"); its own
+    text spreads the context, the problem and a caret over several lines."""
+    mark = getattr(exc, "problem_mark", None)
+    parts = [p for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p]
+    text = ", ".join(parts) or str(exc).strip().splitlines()[0]
+    return f"{text} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else text
 
 
 def format_value(value: Any) -> str:

@@ -459,6 +459,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     from omegaconf.errors import OmegaConfBaseException
 
     from suite.config import ConfigError, hardware_pins, run_id
+    from suite.overrides import first_line
     from suite.sweep.compose import CellComposer
 
     composer = CellComposer()
@@ -476,9 +477,9 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
                     ov = ov + shape
                     cfg = composer.compose(ov)
         except (ConfigError, HydraException, OmegaConfBaseException, ValueError) as exc:
-            msg = str(exc)
-            if exc.__cause__ is not None and str(exc.__cause__) not in msg:
-                msg += f": {exc.__cause__}"
+            msg = first_line(exc)
+            if exc.__cause__ is not None and first_line(exc.__cause__) not in msg:
+                msg += f": {first_line(exc.__cause__)}"
             raise SweepError(f"{path}: cell {i} ({shown}): {msg}") from None
         # Pin the hardware choices resolved here, so a compute node of another type that
         # composes the cell again computes the same numerics (or refuses: suite.hardware).

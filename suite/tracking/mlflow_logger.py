@@ -93,6 +93,22 @@ def _timestamp_ms(unix_s: float) -> int:
 
 
 
+# the URI schemes MLflow's tracking stores take (a plain path is a local directory)
+TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc")
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why `uri` is no tracking store MLflow can open (None: it may be one); the scheme is checked here, before
+    MLflow answers an unknown one with a store-registry exception."""
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", uri)
+    if scheme and not re.match(r"^[A-Za-z]:[\\/]", uri):  # C:\... is a path, not a scheme
+        base = scheme.group(1).split("+")[0].lower()  # postgresql+psycopg2 -> postgresql
+        if base not in TRACKING_SCHEMES:
+            return (f"must be a local directory or an MLflow URI with one of the schemes "
+                    f"{', '.join(TRACKING_SCHEMES)}, got {uri!r}")
+    return None
+
+
 def resolve_tracking_uri(uri: str | None = None) -> str:
     """`uri`, else `$MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db`; relative sqlite and
     plain paths are made absolute, so a URI stored in a run dir means the same store

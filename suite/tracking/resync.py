@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from suite.tracking.mlflow_logger import MlflowLogger, resolve_tracking_uri
+from suite.tracking.mlflow_logger import MlflowLogger, resolve_tracking_uri, tracking_uri_problem
 from suite.tracking.rundir import (
     ARTIFACTS_FILE,
     METRICS_FILE,
@@ -137,7 +137,8 @@ def resync_cli(run_dir: str | os.PathLike, tracking_uri: str | None = None,
                end_status: str | None = None) -> int:
     """`suite sync RUN_DIR [--tracking-uri URI]`: print one summary line; exit code 0/1, or 2
     for a run dir whose files are damaged (the message names the file)."""
-    problem = run_dir_problem(Path(run_dir))
+    uri_problem = tracking_uri_problem(tracking_uri) if tracking_uri else None
+    problem = f"--tracking-uri {uri_problem}" if uri_problem else run_dir_problem(Path(run_dir))
     if problem:
         print(f"suite sync {run_dir}: {problem}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from suite.launch.config import MAX_POLL_S
+from suite.overrides import first_line
 
 PARAM_TYPES = ("float", "int", "categorical")
 # The namespaces of the metric keys a run logs (docs/metrics.md): an objective outside them is
@@ -113,7 +114,7 @@ def load_tune_file(path: str, extra_overrides: list[str] | tuple[str, ...] = ())
         if extra_overrides:
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(extra_overrides)))
     except OmegaConfBaseException as exc:
-        raise TuneSpecError(f"{path}: {exc}") from exc
+        raise TuneSpecError(f"{path}: {first_line(exc)}") from exc
     spec: TuneSpec = OmegaConf.to_object(merged)
     check_spec(spec)
     return spec
@@ -274,7 +275,7 @@ def check_against_config(spec: TuneSpec, compose) -> DictConfig:
     try:
         base = compose(list(spec.base))
     except (ConfigError, HydraException, OmegaConfBaseException) as exc:
-        raise TuneSpecError(f"base: {exc}") from exc
+        raise TuneSpecError(f"base: {first_line(exc)}") from exc
     from suite.hydra_compat import config_groups
 
     groups = set(config_groups())  # quant, algo, ...
@@ -296,7 +297,8 @@ def check_against_config(spec: TuneSpec, compose) -> DictConfig:
             try:
                 compose([*spec.base, param_override(name, v)])
             except (ConfigError, HydraException, OmegaConfBaseException) as exc:
-                raise TuneSpecError(f"space.{name}: value {v!r} is refused by the run config: {exc}") from exc
+                raise TuneSpecError(f"space.{name}: value {v!r} is refused by the run config: "
+                                    f"{first_line(exc)}") from exc
     metric = spec.objective.metric
     if metric.startswith("val-core/") and metric != held_out_metric(base.task.name):
         raise TuneSpecError(
