@@ -14,6 +14,8 @@ from suite.config import compose_config, run_id
 from suite.embedded.trainer import EmbeddedRun
 from suite.tracking.loggers import read_jsonl
 
+pytestmark = pytest.mark.long  # the long tier (pyproject.toml, markers)
+
 
 @pytest.mark.slow  # ~90 s on 2 quiet cores: the default experiment's 150 steps
 def test_default_run_corrects_the_flawed_teacher_and_raises_held_out_accuracy(tmp_path):

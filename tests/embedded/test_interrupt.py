@@ -19,6 +19,8 @@ from mlflow.tracking import MlflowClient
 import checkpoint_barrier
 from test_run import TINY
 
+pytestmark = pytest.mark.long  # the long tier (pyproject.toml, markers)
+
 
 @pytest.mark.slow
 def test_ctrl_c_ends_the_run_killed_and_names_the_command_that_resumes_it(tmp_path, monkeypatch):

@@ -21,6 +21,8 @@ from suite.config import compose_config, run_id
 from suite.tracking.loggers import mlflow_metric_key, read_jsonl
 from test_run import TINY
 
+pytestmark = pytest.mark.long  # the long tier (pyproject.toml, markers)
+
 # steps=6, checkpoints at 4 and 6: the baseline (step 0) and steps 1-3 come before the first one.
 PHASED = [*TINY, "steps=6", "ckpt_every=4", "eval_every=3"]
 # wall-clock measurements differ between any two runs; everything else must be equal

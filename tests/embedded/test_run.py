@@ -341,6 +341,7 @@ def test_warm_start_only_fills_the_cache_and_a_run_of_the_config_reads_it(tmp_pa
 
 
 @pytest.mark.slow  # ~20 s quiet: a run killed with -9 and resumed
+@pytest.mark.long
 def test_kill_9_then_rerun_resumes_without_lost_or_duplicated_steps(tmp_path, monkeypatch):
     over = _cli_overrides(tmp_path / "a", "steps=10", "ckpt_every=2", "eval_every=5")
     cfg = compose_config(over)

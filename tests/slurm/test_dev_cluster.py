@@ -16,7 +16,7 @@ import cloudpickle
 import pytest
 import submitit
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.long, pytest.mark.slurm]
 
 # The job's Python process cannot import this test module (pytest put its folder on sys.path,
 # the job's interpreter does not have it), so submitit must pickle our callables by value.

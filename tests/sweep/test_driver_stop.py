@@ -25,7 +25,7 @@ import suite
 from suite.launch.guard import Driver
 
 SUITE = [sys.executable, "-m", "suite.cli"]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.long, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def _wait_for(cond, proc, timeout_s: float, what: str):

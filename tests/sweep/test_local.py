@@ -42,6 +42,7 @@ def test_dry_run_prints_matrix_and_submits_nothing(tmp_path, sweep_env):
 
 
 @pytest.mark.slow  # ~25 s quiet: a sweep killed mid-run and re-run
+@pytest.mark.long
 def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep_env):
     """Kill `suite sweep` and its jobs (SIGKILL to the process group) once a cell is done and
     another is part-way; the re-run skips the done cell, resumes the other from its checkpoint
@@ -139,6 +140,7 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
 
 
 @pytest.mark.slow  # ~30 s quiet: a two-cell sweep, then both cells again
+@pytest.mark.long
 def test_a_deleted_or_damaged_run_dir_is_shown_incomplete_and_run_again(tmp_path, sweep_env):
     """The run directory is the result: after a finished sweep loses one cell's run dir and the
     other's summary.json is truncated, `suite status` shows both incomplete (not done), and
@@ -185,6 +187,7 @@ def test_a_deleted_or_damaged_run_dir_is_shown_incomplete_and_run_again(tmp_path
 
 
 @pytest.mark.slow  # ~40 s quiet: two cells stopped at a checkpoint, then resumed
+@pytest.mark.long
 def test_ctrl_c_stops_a_sweep_in_one_line_naming_the_command_that_resumes_it(tmp_path, sweep_env, monkeypatch):
     """Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) while both cells are
     held at their step-2 checkpoint: no traceback (the job controllers' stderr is a log file), the

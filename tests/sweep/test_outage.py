@@ -17,6 +17,8 @@ from mlflow.tracking import MlflowClient
 from _sweep_helpers import TINY, child_env, write_sweep
 from mlflow_server import MlflowServer
 
+pytestmark = pytest.mark.long  # the long tier (pyproject.toml, markers)
+
 SUITE = [sys.executable, "-m", "suite.cli"]
 
 

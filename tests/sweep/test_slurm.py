@@ -17,7 +17,7 @@ import checkpoint_barrier
 from _sweep_helpers import TINY, child_env, write_sweep
 from suite.tracking.rundir import recorded_mlflow_run_id
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.long, pytest.mark.slurm, pytest.mark.slow]
 SUITE = [sys.executable, "-m", "suite.cli"]
 
 

@@ -53,7 +53,7 @@ def suite_tune(*args):
 
 
 # ~3 min on a quiet 2-core machine; far longer when the cores are shared, hence the timeout.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.long, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
