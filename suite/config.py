@@ -22,6 +22,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from suite import recipes, regimes
 from suite.backend import BACKENDS as _BACKEND_PACKAGES
@@ -523,6 +524,35 @@ def config_from_record(data: dict) -> DictConfig:
     with open_dict(cfg.tracking.tags):  # a free Dict[str, str] (sweep, cell, trial tags), closed in struct mode
         cfg.tracking.tags.update(tags)
     return cfg
+
+
+def load_run_config(path: str | os.PathLike) -> DictConfig:
+    """A run's recorded config (`<run dir>/config.yaml`) read through the config's schema: the dataclasses
+    above, merged typed as `config_from_record` does (a key no section has, or a value of the wrong type,
+    is refused). ConfigError, one line naming the file, the key and what it must be."""
+    import yaml
+
+    from suite.overrides import first_line, yaml_problem
+
+    try:
+        text = open(path, encoding="utf-8").read()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+    backend = data.get("backend") if isinstance(data, dict) else None
+    name = backend.get("name") if isinstance(backend, dict) else None
+    if name not in BACKENDS:
+        raise ConfigError(f"{path}: backend.name is {name!r}, not one of {', '.join(BACKENDS)} (not a suite run "
+                          "config, or a damaged one)")
+    if not isinstance(data.get("tracking", {}), dict):
+        raise ConfigError(f"{path}: tracking: must be a mapping, got {data['tracking']!r}")
+    try:
+        return config_from_record({**data, "tracking": data.get("tracking") or {}})
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(f"{path}: {first_line(exc)}") from None
 
 
 def known_keys() -> list[str]:

@@ -65,3 +65,12 @@ def first_line(exc: BaseException) -> str:
     line = lines[0] if lines else type(exc).__name__
     key = getattr(exc, "full_key", None)  # OmegaConf's: the key its message's later lines name
     return f"{key}: {line}" if isinstance(key, str) and key and key not in line else line
+
+
+def yaml_problem(exc: Exception) -> str:
+    """PyYAML's error as one line with its position ("expected ..., but found ... at line 2, column 1"); its own
+    text spreads the context, the problem and a caret over several lines."""
+    mark = getattr(exc, "problem_mark", None)
+    parts = [p for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p]
+    text = ", ".join(parts) or str(exc).strip().splitlines()[0]
+    return f"{text} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else text

@@ -168,6 +168,14 @@ class MatrixRecordFile(_Record):
     only: list[str] = []
 
 
+class CheckpointRecord(_Record):
+    """`<run dir>/checkpoints/step_<N>.pt` (torch.save, read weights-only): what the trainer's save_checkpoint
+    writes around the state it resumes from (model, optimizer, RNG and loop state)."""
+    format: int = Field(ge=1)
+    step: int = Field(ge=0)
+    state: dict[str, Any]
+
+
 class JobRecord(_Record):
     """One line of `<state dir>/jobs.jsonl`: a cell's job as the driver (or `suite cancel`) recorded it."""
     cell: int = Field(ge=0)
@@ -185,7 +193,8 @@ class ParentRunFile(_Record):
 # ------------------------------------------------------------------------------ reading
 
 # file, its schema, the verbs that read it through the schema, the test that feeds them damaged copies
-SCHEMAS: tuple[tuple[str, type[BaseModel], str, str], ...] = (
+# (a run's config.yaml is read through the run config's own dataclasses, which live with the config)
+SCHEMAS: tuple[tuple[str, type[BaseModel] | str, str, str], ...] = (
     ("<run dir>/eval/step_<step>.json", EvalResultsFile, "suite eval, suite report",
      "tests/embedded/test_eval.py::TestBadInputs::test_each_refusal"),
     ("<out>/vllm.json", BenchVllmFile, "suite report --bench",
@@ -196,6 +205,11 @@ SCHEMAS: tuple[tuple[str, type[BaseModel], str, str], ...] = (
      "tests/sweep/test_status_bad_files.py::test_a_damaged_jobs_file_is_named"),
     ("<state dir>/parent_run.json", ParentRunFile, "suite sweep, suite status, suite report",
      "tests/report/test_report_bad_files.py::test_a_damaged_parent_record_of_a_sweep_is_named"),
+    ("<run dir>/config.yaml", "Config (suite.config's dataclasses, through suite.config.load_run_config)",
+     "suite eval, suite export",
+     "tests/test_verb_refusals.py::TestEval::test_a_run_config_with_a_value_of_the_wrong_type"),
+    ("<run dir>/checkpoints/step_<N>.pt", CheckpointRecord, "suite run (resume), suite export, suite eval",
+     "tests/test_verb_refusals.py::TestExport::test_a_checkpoint_record_missing_its_state"),
     ("<run dir>/mlflow_run.json", RunRecordFile, "suite sync",
      "tests/tracking/test_sync_bad_files.py::test_sync_on_damaged_record_files_names_the_file"),
     ("<run dir>/mlflow_sync.json", SyncMarkerFile, "suite sync",
@@ -213,7 +227,8 @@ SCHEMAS: tuple[tuple[str, type[BaseModel], str, str], ...] = (
 def markdown_table() -> str:
     """SCHEMAS as the table docs/architecture.md shows ("Files and their schemas"; a test keeps it current)."""
     lines = ["| file | schema (suite.schemas) | read through it by | test of a damaged copy |", "|---|---|---|---|"]
-    lines += [f"| `{f}` | `{m.__name__}` | {who} | `{test}` |" for f, m, who, test in SCHEMAS]
+    lines += [f"| `{f}` | `{m if isinstance(m, str) else m.__name__}` | {who} | `{test}` |"
+              for f, m, who, test in SCHEMAS]
     return "\n".join(lines)
 
 

@@ -207,6 +207,16 @@ class TestExport:
         refused(work, ["export", "--run", "run", "--out", "out"],
                 ["step_00000002.pt (step 2) cannot be read", "--step 1"], capsys)
 
+    def test_a_checkpoint_record_missing_its_state(self, work, capsys):
+        import torch
+
+        from suite.tracking.checkpoint import checkpoint_path
+
+        run = _embedded_run(work, {1: {"actor": {}}})
+        torch.save({"format": 1, "step": 2}, checkpoint_path(run, 2))  # what a foreign writer might leave
+        refused(work, ["export", "--run", "run", "--out", "out"], ["step_00000002.pt", "state: field required"],
+                capsys)
+
     def test_a_checkpoint_of_another_model(self, work, capsys):
         _embedded_run(work, {1: {"actor": {"layers.0.nosuch": __import__("torch").zeros(1)}}})
         refused(work, ["export", "--run", "run", "--out", "out"], ["its checkpoint does not fit model=tiny"], capsys)
@@ -234,7 +244,7 @@ class TestExport:
     def test_a_damaged_config(self, work, capsys):
         (work / "run").mkdir()
         (work / "run" / "config.yaml").write_text("backend: [unclosed\n")
-        refused(work, ["export", "--run", "run", "--out", "out"], ["config.yaml cannot be read"], capsys)
+        refused(work, ["export", "--run", "run", "--out", "out"], ["run/config.yaml: not valid YAML", "line 2"], capsys)
 
     def test_step_without_run(self, work, capsys):
         refused(work, ["export", *TINY, "--step", "3", "--out", "out"], ["--step", "--run"], capsys)
@@ -295,9 +305,32 @@ class TestEval:
         (work / "run").mkdir()
         refused(work, ["eval", "run"], ["run: not a run directory", "config.yaml"], capsys)
 
+    def test_a_run_config_with_a_value_of_the_wrong_type(self, work, capsys):
+        run = _embedded_run(work, {1: {"actor": {}}})
+        _edit_config(run, lambda c: c.update(steps="abc"))
+        refused(work, ["eval", "run"], ["run/config.yaml: steps: Value 'abc'", "Integer"], capsys)
+
+    def test_a_run_config_with_a_key_no_section_has(self, work, capsys):
+        run = _embedded_run(work, {1: {"actor": {}}})
+        _edit_config(run, lambda c: c["train"].update(bogus=1))
+        refused(work, ["eval", "run"], ["run/config.yaml: train.bogus: Key 'bogus' not in 'TrainConfig'"], capsys)
+
+    def test_a_run_config_that_is_not_yaml(self, work, capsys):
+        run = _embedded_run(work, {1: {"actor": {}}})
+        (run / "config.yaml").write_text("backend: {name: embedded\n")
+        refused(work, ["eval", "run"], ["run/config.yaml: not valid YAML", "line 2"], capsys)
+
     def test_overrides_beside_a_run_dir(self, work, capsys):
         (work / "run").mkdir()
         refused(work, ["eval", "run", "seed=1"], ["overrides 'seed=1'", "sweep file"], capsys)
+
+
+def _edit_config(run: Path, change) -> None:
+    import yaml
+
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    change(config)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
 
 
 def _damaged_jobs_record(work: Path) -> None:

@@ -186,21 +186,17 @@ def export(cfg, out: str | os.PathLike, *, progress: bool = True, run_dir: str |
 
 def run_config(run_dir: str | os.PathLike):
     """The config a run recorded (``RUN_DIR/config.yaml``); ValueError naming what is missing."""
-    from omegaconf import OmegaConf
-
-    from omegaconf.errors import OmegaConfBaseException
-    from yaml import YAMLError
+    from suite.config import ConfigError, load_run_config
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ValueError(f"--run {run_dir}: no config.yaml there; a run directory is out_dir/<run id> "
                          "(`suite status` lists them)")
     try:
-        cfg = OmegaConf.load(path)
-        name = cfg.backend.name
-    except (OmegaConfBaseException, YAMLError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--run {run_dir}: config.yaml cannot be read as a run's config "
-                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+        cfg = load_run_config(path)
+    except ConfigError as exc:
+        raise ValueError(f"--run {run_dir}: {exc}") from None
+    name = cfg.backend.name
     if name != "embedded":
         raise ValueError(f"--run {run_dir}: a {name} run (its config.yaml says backend.name={name}); suite export "
                          "writes an embedded run's model for verl, and a verl run's model is already verl's "

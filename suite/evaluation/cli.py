@@ -48,10 +48,12 @@ def _run_config(run_dir: Path):
     if not path.is_file():
         raise EvalError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); give a run's directory, e.g. "
                         f"runs/<run_id>, or a sweep file")
+    from suite.config import ConfigError, load_run_config
+
     try:
-        return OmegaConf.load(path)
-    except Exception as exc:  # noqa: BLE001 - a damaged config names its file
-        raise EvalError(f"{path}: not a readable run config ({type(exc).__name__})") from None
+        return load_run_config(path)
+    except ConfigError as exc:
+        raise EvalError(str(exc)) from None
 
 
 def _choose(flag: str, given: str | None, allowed: list[str], default: list[str]) -> list[str]:

@@ -9,6 +9,8 @@ import re
 from dataclasses import fields
 from typing import Any
 
+from suite.overrides import yaml_problem
+
 # Names that become directory names, SLURM job names or sbatch option values: no shell or path syntax.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _KEY_RE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(@[A-Za-z0-9_.]+)?$")
@@ -65,15 +67,6 @@ def read_yaml(path: str | os.PathLike, error: type[Exception] = None) -> tuple[s
     except yaml.YAMLError as exc:
         raise error(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     return text, data
-
-
-def yaml_problem(exc: Exception) -> str:
-    """PyYAML's error as one line with its position ("expected ..., but found ... at line 2, column 1"); its own
-    text spreads the context, the problem and a caret over several lines."""
-    mark = getattr(exc, "problem_mark", None)
-    parts = [p for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p]
-    text = ", ".join(parts) or str(exc).strip().splitlines()[0]
-    return f"{text} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else text
 
 
 def format_value(value: Any) -> str:

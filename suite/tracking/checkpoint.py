@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from suite.schemas import CheckpointRecord, validate
 from suite.tracking.atomic import atomic_write
 # the names of checkpoint files live with the run dir's other names: `suite status` lists them without torch
 from suite.tracking.rundir import CHECKPOINT_DIR, checkpoint_path, list_checkpoints  # noqa: F401
@@ -77,12 +78,13 @@ def read_checkpoint(path: str | os.PathLike, step: int, *, map_location: str | t
     weights-only loader refuses (`_is_allowlist_error`)."""
     try:
         payload = torch.load(path, map_location=map_location, weights_only=weights_only)
-        if not (isinstance(payload, dict) and payload.get("step") == step and "state" in payload):
-            raise ValueError(f"not a suite checkpoint of step {step}")
+        record = validate(CheckpointRecord, payload, path)  # a SchemaError names the file and the field
+        if record.step != step:
+            raise ValueError(f"not a suite checkpoint of step {step} (it holds step {record.step})")
     except Exception as e:  # noqa: BLE001 - any failure to read means "damaged"
         kind = CheckpointTypeError if _is_allowlist_error(e) else CheckpointError
         raise kind(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}") from e
-    return payload["state"]
+    return record.state
 
 
 def load_latest_checkpoint(
