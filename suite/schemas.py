@@ -193,7 +193,8 @@ class ParentRunFile(_Record):
 # ------------------------------------------------------------------------------ reading
 
 # file, its schema, the verbs that read it through the schema, the test that feeds them damaged copies
-# (a run's config.yaml is read through the run config's own dataclasses, which live with the config)
+# (a run's config.yaml is read through the run config's own dataclasses, which live with the config, and a
+# dataset file through its dataset's declared columns, which live with the converter)
 SCHEMAS: tuple[tuple[str, type[BaseModel] | str, str, str], ...] = (
     ("<run dir>/eval/step_<step>.json", EvalResultsFile, "suite eval, suite report",
      "tests/embedded/test_eval.py::TestBadInputs::test_each_refusal"),
@@ -210,6 +211,9 @@ SCHEMAS: tuple[tuple[str, type[BaseModel] | str, str, str], ...] = (
      "tests/test_verb_refusals.py::TestEval::test_a_run_config_with_a_value_of_the_wrong_type"),
     ("<run dir>/checkpoints/step_<N>.pt", CheckpointRecord, "suite run (resume), suite export, suite eval",
      "tests/test_verb_refusals.py::TestExport::test_a_checkpoint_record_missing_its_state"),
+    ("<suite data prepare --src FILE> (.parquet, .jsonl, .json)",
+     "Source (suite.verl.data.SOURCES: one per dataset, its published columns)", "suite data prepare",
+     "tests/verl/test_data_prepare.py::test_another_schema_is_refused_naming_the_missing_column"),
     ("<run dir>/mlflow_run.json", RunRecordFile, "suite sync",
      "tests/tracking/test_sync_bad_files.py::test_sync_on_damaged_record_files_names_the_file"),
     ("<run dir>/mlflow_sync.json", SyncMarkerFile, "suite sync",
