@@ -80,16 +80,12 @@ def compose_or_exit(overrides: list[str]):
     from omegaconf.errors import OmegaConfBaseException
 
     from suite.config import ConfigError, compose_config
-    from suite.overrides import first_line
+    from suite.overrides import first_line, with_cause
 
     try:
         return compose_config(overrides)
     except (ConfigError, HydraException, OmegaConfBaseException) as exc:
-        msg = first_line(exc)
         # a typo's ConfigError is the suite's one line; Hydra's text (its `+key` advice) is left out
         typo = isinstance(exc, ConfigError) and isinstance(exc.__cause__, HydraException)
-        if exc.__cause__ is not None and first_line(exc.__cause__) not in msg and not typo:
-            msg += f": {first_line(exc.__cause__)}"
-        print(f"suite: bad config: {msg}", file=sys.stderr)
+        print(f"suite: bad config: {first_line(exc) if typo else with_cause(exc)}", file=sys.stderr)
         sys.exit(2)
-

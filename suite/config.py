@@ -47,8 +47,8 @@ from suite.core.losses import (TBPO_DELTA_NEG_HIGH, TBPO_DELTA_NEG_LOW, TBPO_DEL
                                TBPO_SEQ_WEIGHT, TBPO_SEQ_WEIGHTS)
 from suite.core.quant import FP8_GRANULARITIES, PRECISIONS  # noqa: F401  (PRECISIONS: the quantizer registry)
 from suite.core.quant import LOW_BIT_PRECISIONS, WINT_BITS, WINT_GROUP_SIZES
-# re-exported: a run's identity is part of its config's API
 from suite.tracking.mlflow_logger import tracking_uri_problem
+# re-exported: a run's identity is part of its config's API
 from suite.identity import axes, axes_label, group_key, hardware_pins, identity_tags, resolve_hardware, run_id  # noqa: F401
 
 CORRECTIONS = tuple(_LOSS_REGISTRY)  # suite.core.losses: naive | bypass | tis | acr | tbpo
@@ -282,8 +282,6 @@ def _register() -> None:
 
 _register()
 
-# MLflow tracking URI schemes (mlflow.tracking._tracking_service.utils: file, sqlite and the other
-# SQLAlchemy databases, http(s), databricks); a URI without a scheme is a local directory.
 _SEED_LIMIT = 2**32  # numpy-compatible seeds; torch's derived seeds (seed * 1_000_003 + k) stay in range
 
 
@@ -530,12 +528,14 @@ def load_run_config(path: str | os.PathLike) -> DictConfig:
     """A run's recorded config (`<run dir>/config.yaml`) read through the config's schema: the dataclasses
     above, merged typed as `config_from_record` does (a key no section has, or a value of the wrong type,
     is refused). ConfigError, one line naming the file, the key and what it must be."""
+    from pathlib import Path
+
     import yaml
 
     from suite.overrides import first_line, yaml_problem
 
     try:
-        text = open(path, encoding="utf-8").read()
+        text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:

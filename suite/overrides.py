@@ -67,6 +67,14 @@ def first_line(exc: BaseException) -> str:
     return f"{key}: {line}" if isinstance(key, str) and key and key not in line else line
 
 
+def with_cause(exc: BaseException) -> str:
+    """`first_line(exc)`, then its cause's first line where it adds something (Hydra wraps OmegaConf's error)."""
+    msg = first_line(exc)
+    if exc.__cause__ is not None and first_line(exc.__cause__) not in msg:
+        msg += f": {first_line(exc.__cause__)}"
+    return msg
+
+
 def yaml_problem(exc: Exception) -> str:
     """PyYAML's error as one line with its position ("expected ..., but found ... at line 2, column 1"); its own
     text spreads the context, the problem and a caret over several lines."""

@@ -459,7 +459,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
     from omegaconf.errors import OmegaConfBaseException
 
     from suite.config import ConfigError, hardware_pins, run_id
-    from suite.overrides import first_line
+    from suite.overrides import with_cause
     from suite.sweep.compose import CellComposer
 
     composer = CellComposer()
@@ -477,10 +477,7 @@ def load_sweep(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] =
                     ov = ov + shape
                     cfg = composer.compose(ov)
         except (ConfigError, HydraException, OmegaConfBaseException, ValueError) as exc:
-            msg = first_line(exc)
-            if exc.__cause__ is not None and first_line(exc.__cause__) not in msg:
-                msg += f": {first_line(exc.__cause__)}"
-            raise SweepError(f"{path}: cell {i} ({shown}): {msg}") from None
+            raise SweepError(f"{path}: cell {i} ({shown}): {with_cause(exc)}") from None
         # Pin the hardware choices resolved here, so a compute node of another type that
         # composes the cell again computes the same numerics (or refuses: suite.hardware).
         ov = ov + [pin for pin in hardware_pins(cfg) if override_key(pin) not in {override_key(x) for x in ov}]

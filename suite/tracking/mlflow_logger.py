@@ -93,7 +93,8 @@ def _timestamp_ms(unix_s: float) -> int:
 
 
 
-# the URI schemes MLflow's tracking stores take (a plain path is a local directory)
+# MLflow tracking URI schemes (mlflow.tracking._tracking_service.utils: file, sqlite and the other
+# SQLAlchemy databases, http(s), databricks); a URI without a scheme is a local directory.
 TRACKING_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc")
 
 
