@@ -57,14 +57,6 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
 
 
-@pytest.fixture(scope="session")
-def one_verl_run_at_a_time():
-    """Taken by every test that starts verl: each verl run starts its own local Ray cluster, vLLM server and
-    FSDP worker, and two at once on 2 cores would share them badly. As a session fixture it puts those tests
-    in one xdist group (tests/xdist_groups.py), so `.ci/vllm-cpu`'s two workers run them one after another,
-    beside the in-process engine tests on the other worker."""
-
-
 # measured numbers (parity, sync times, step metrics) from xdist's workers, gathered on the controller
 _WORKER_NUMBERS: list[str] = []
 

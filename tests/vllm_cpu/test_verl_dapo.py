@@ -30,7 +30,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-def test_verl_dapo_evicts_uniform_groups_on_vllm_cpu(tmp_path, one_verl_run_at_a_time):
+def test_verl_dapo_evicts_uniform_groups_on_vllm_cpu(tmp_path):
     # bf16 rollouts: served on every CPU kind, and the path whose 16-bit linears vLLM CPU packs after loading
     # (the weight sync re-stages them: suite.verl.int8_hook)
     proc, uri = run_verl(tmp_path, PARITY_REWARD, "algo=dapo", "algo.overlong_buffer=4", precision="bf16",

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(os.environ.get("SUITE_VL
 DEEPSCALER_5 = ("aime2024", "numina_amc_aime", "HuggingFaceH4/MATH-500", "minerva_math", "olympiadbench")
 
 
-def test_suite_eval_model_scores_a_base_model_and_its_row_pairs_in_the_papers_layout(tmp_path, one_verl_run_at_a_time):
+def test_suite_eval_model_scores_a_base_model_and_its_row_pairs_in_the_papers_layout(tmp_path):
     """`suite eval --model PATH recipe=qurl-deepscaler ...`: a model that is no run (here the embedded export of a
     warm start, in a directory named as the 1.5B distill the published Base (SFT) row is about) scored on
     DeepScaleR's five benchmarks with the recipe's protocol (Avg@32 at T 0.6, top_p 0.95; a 24-token budget

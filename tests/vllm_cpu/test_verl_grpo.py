@@ -107,8 +107,7 @@ def _suite(*args, cwd, timeout=RUN_TIMEOUT_S):
 N_EVAL = 64
 
 
-def test_a_verl_grpo_run_matches_the_embedded_trainer_scores_in_suite_eval_and_reports_beside_it(
-        tmp_path, one_verl_run_at_a_time):
+def test_a_verl_grpo_run_matches_the_embedded_trainer_scores_in_suite_eval_and_reports_beside_it(tmp_path):
     from suite.config import compose_config
     from suite.embedded.export import export
     from suite.embedded.trainer import EmbeddedRun
