@@ -528,20 +528,10 @@ def load_run_config(path: str | os.PathLike) -> DictConfig:
     """A run's recorded config (`<run dir>/config.yaml`) read through the config's schema: the dataclasses
     above, merged typed as `config_from_record` does (a key no section has, or a value of the wrong type,
     is refused). ConfigError, one line naming the file, the key and what it must be."""
-    from pathlib import Path
+    from suite.launch.fileio import read_yaml
+    from suite.overrides import first_line
 
-    import yaml
-
-    from suite.overrides import first_line, yaml_problem
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+    _, data = read_yaml(path, ConfigError)  # UTF-8 and YAML (duplicate keys refused), errors naming the file
     backend = data.get("backend") if isinstance(data, dict) else None
     name = backend.get("name") if isinstance(backend, dict) else None
     if name not in BACKENDS:
