@@ -1,7 +1,9 @@
 """A sweep or tune driver that stops early (SIGTERM, a poll that raises) stops every job it
 started, ends their MLflow runs KILLED and its parent KILLED or FAILED, and a re-run finishes
 the rest without running a finished cell twice. Real `suite` processes, submitit's local
-executor and a real sqlite MLflow store."""
+executor and a real sqlite MLflow store. Each driver is stopped while its cells hold at their
+step-2 checkpoint (tests/checkpoint_barrier.py), so the runs are short and the stop always lands
+mid-run, however fast the machine steps."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 from procs import kill_procs_naming, procs_naming
+import checkpoint_barrier
 from _sweep_helpers import TINY, child_env, write_sweep
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
@@ -25,6 +28,7 @@ import suite
 from suite.launch.guard import Driver
 
 SUITE = [sys.executable, "-m", "suite.cli"]
+STEPS = 6  # the cells hold at step 2 (the barrier) until the re-run; 4 steps are left after it
 pytestmark = [pytest.mark.long, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
@@ -76,7 +80,7 @@ def _runs(uri: str, experiment: str = "suite"):
 
 def _sweep(tmp_path, runs, name):
     return write_sweep(tmp_path / f"{name}.yaml", {
-        "name": name, "base": [*TINY, "steps=40", "ckpt_every=2", f"out_dir={runs}"],
+        "name": name, "base": [*TINY, f"steps={STEPS}", "ckpt_every=2", f"out_dir={runs}"],
         "matrix": {"seed": [0, 1, 2]}, "launcher": {"max_parallel": 2, "poll_s": 0.5}})
 
 
@@ -92,7 +96,7 @@ def _rerun_finishes_without_duplicates(path: Path, runs: Path, uri: str, tmp_pat
     dirs = list(runs.glob("grpo-*"))
     assert len(dirs) == 3
     for d in dirs:
-        assert _steps(d) == list(range(0, 41)), d.name  # every step once: resumed, never repeated
+        assert _steps(d) == list(range(0, STEPS + 1)), d.name  # every step once: resumed, never repeated
     client, all_runs = _runs(uri)
     parents = [r for r in all_runs if r.data.tags.get("suite.kind") == "sweep"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
@@ -100,15 +104,22 @@ def _rerun_finishes_without_duplicates(path: Path, runs: Path, uri: str, tmp_pat
     assert len(children) == 3 and len(all_runs) == 4  # the stopped cells reused their MLflow runs
     for r in children:
         assert r.info.status == "FINISHED"
-        assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "train/acc")) == list(range(1, 41))
+        assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "train/acc")) == \
+            list(range(1, STEPS + 1))
 
 
-def test_sigterm_to_a_local_sweep_stops_its_cells_and_ends_their_runs(tmp_path, sweep_env):
+def _held(barrier, runs: Path, n: int = 1):
+    """`n` cells hold at their step-2 checkpoint with their MLflow run open."""
+    return lambda: barrier.reached(2) and len(_started(runs)) >= n
+
+
+def test_sigterm_to_a_local_sweep_stops_its_cells_and_ends_their_runs(tmp_path, sweep_env, monkeypatch):
+    barrier = checkpoint_barrier.install(monkeypatch, tmp_path, (2,), when="after")
     uri, runs = sweep_env
     path = _sweep(tmp_path, runs, "term")
     folder = runs / "_sweeps" / "term" / "submitit"
     with _driver(["sweep", str(path)], tmp_path, folder) as proc:
-        _wait_for(lambda: _started(runs), proc, 600, "a cell mid-run")
+        _wait_for(_held(barrier, runs), proc, 600, "a cell mid-run")
         proc.send_signal(signal.SIGTERM)  # the driver alone, as a scheduler or `kill` would
         assert proc.wait(timeout=300) == 130
         text = proc.stdout.read()
@@ -120,20 +131,22 @@ def test_sigterm_to_a_local_sweep_stops_its_cells_and_ends_their_runs(tmp_path, 
     status = subprocess.run([*SUITE, "status", str(path)], capture_output=True, text=True, env=child_env(),
                             cwd=tmp_path, timeout=300)
     assert status.returncode == 0 and "cancelled" in status.stdout, status.stdout
+    barrier.release_all()
     _rerun_finishes_without_duplicates(path, runs, uri, tmp_path)
 
 
-def test_a_sweep_driver_whose_poll_raises_stops_its_cells(tmp_path, sweep_env):
+def test_a_sweep_driver_whose_poll_raises_stops_its_cells(tmp_path, sweep_env, monkeypatch):
     """The state dir's jobs.jsonl becomes unreadable mid-sweep (here: a directory in its place):
     the next poll raises; the driver names the file, stops what it started, marks the runs KILLED
     and its parent FAILED."""
+    barrier = checkpoint_barrier.install(monkeypatch, tmp_path, (2,), when="after")
     uri, runs = sweep_env
     path = _sweep(tmp_path, runs, "poll")
     state = runs / "_sweeps" / "poll"
     folder = state / "submitit"
     jobs = state / "jobs.jsonl"
     with _driver(["sweep", str(path)], tmp_path, folder) as proc:
-        _wait_for(lambda: _started(runs), proc, 600, "a cell mid-run")
+        _wait_for(_held(barrier, runs), proc, 600, "a cell mid-run")
         os.rename(jobs, state / "jobs.saved")
         jobs.mkdir()
         assert proc.wait(timeout=300) == 2
@@ -148,10 +161,11 @@ def test_a_sweep_driver_whose_poll_raises_stops_its_cells(tmp_path, sweep_env):
     # SIGTERM test above re-runs its sweep to the end.
 
 
-def test_sigterm_to_a_tune_driver_stops_its_trials_and_a_rerun_resumes_them(tmp_path, sweep_env):
+def test_sigterm_to_a_tune_driver_stops_its_trials_and_a_rerun_resumes_them(tmp_path, sweep_env, monkeypatch):
+    barrier = checkpoint_barrier.install(monkeypatch, tmp_path, (2,), when="after")
     uri, runs = sweep_env
     db = tmp_path / "optuna.db"
-    base = [*TINY, "steps=40", "ckpt_every=2", "eval_every=20", f"tracking.tracking_uri={uri}",
+    base = [*TINY, f"steps={STEPS}", "ckpt_every=2", f"eval_every={STEPS // 2}", f"tracking.tracking_uri={uri}",
             "tracking.experiment=tune-stop"]
     path = tmp_path / "tune.yaml"
     path.write_text(
@@ -166,8 +180,10 @@ def test_sigterm_to_a_tune_driver_stops_its_trials_and_a_rerun_resumes_them(tmp_
         "launcher: {name: local, timeout_min: 20, cpus_per_task: 1}\n")
     folder = runs / "stop" / "jobs"
     with _driver(["tune", str(path)], tmp_path, folder) as proc:
-        _wait_for(lambda: len([d for d in (runs / "stop").glob("trial-*") if list(d.glob("checkpoints/step_*"))
-                               and (d / "mlflow_run.json").exists()]) == 2, proc, 600, "both trials mid-run")
+        _wait_for(lambda: barrier.reached(2) and len([
+            d for d in (runs / "stop").glob("trial-*")
+            if list(d.glob("checkpoints/step_*")) and (d / "mlflow_run.json").exists()]) == 2,
+            proc, 600, "both trials mid-run")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 130
         text = proc.stdout.read()
@@ -179,6 +195,7 @@ def test_sigterm_to_a_tune_driver_stops_its_trials_and_a_rerun_resumes_them(tmp_
     assert sorted(r.data.tags["trial"] for r in children) == ["0", "1"]
     assert all(r.info.status == "KILLED" for r in children)
 
+    barrier.release_all()
     again = subprocess.run([*SUITE, "tune", str(path)], capture_output=True, text=True, env=child_env(),
                            cwd=tmp_path, timeout=900)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -189,11 +206,12 @@ def test_sigterm_to_a_tune_driver_stops_its_trials_and_a_rerun_resumes_them(tmp_
     parent = next(r for r in all_runs if r.data.tags.get("tune_role") == "study")
     assert parent.info.status == "FINISHED"
     for d in (runs / "stop").glob("trial-*"):
-        assert _steps(d) == list(range(0, 41)), d.name
+        assert _steps(d) == list(range(0, STEPS + 1)), d.name
     for r in all_runs:
         if r.info.run_id != parent.info.run_id:
             assert r.info.status == "FINISHED"
-            assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "train/acc")) == list(range(1, 41))
+            assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "train/acc")) == \
+                list(range(1, STEPS + 1))
 
 
 def test_a_stop_signal_during_a_submission_waits_for_its_record(tmp_path):

@@ -1,11 +1,13 @@
 """The local launcher end to end (real submitit LocalExecutor, real runs, real sqlite MLflow):
-dry run, a sweep killed mid-way and re-run, re-running a finished sweep."""
+dry run, a sweep killed mid-way and re-run, re-running a finished sweep, a finished cell's run dir
+lost or damaged, Ctrl-C."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,13 +43,15 @@ def test_dry_run_prints_matrix_and_submits_nothing(tmp_path, sweep_env):
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
 
 
-@pytest.mark.slow  # ~25 s quiet: a sweep killed mid-run and re-run
+@pytest.mark.slow  # ~60 s quiet: a sweep killed mid-run and re-run, then two cells again
 @pytest.mark.long
 def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep_env):
     """Kill `suite sweep` and its jobs (SIGKILL to the process group) once a cell is done and
     another is part-way; the re-run skips the done cell, resumes the other from its checkpoint
     and runs the rest; a third run submits nothing. MLflow: one parent, one child per cell,
-    every step once."""
+    every step once. Then the run directory is the result: one cell's run dir deleted and another's
+    summary.json truncated, `suite status` shows both incomplete (not done), and re-running the
+    sweep submits exactly those two, which finish with every step once."""
     uri, runs = sweep_env
     path = write_sweep(tmp_path / "kill.yaml", {
         "name": "kill", "base": [*TINY, "steps=8", "ckpt_every=2", f"out_dir={runs}"],
@@ -138,52 +142,33 @@ def test_killed_local_sweep_rerun_finishes_only_what_was_missing(tmp_path, sweep
     assert status.returncode == 0 and "done 3  (of 3)" in status.stdout, status.stdout
     assert client.get_run(parents[0].info.run_id).info.end_time == end_time
 
-
-@pytest.mark.slow  # ~30 s quiet: a two-cell sweep, then both cells again
-@pytest.mark.long
-def test_a_deleted_or_damaged_run_dir_is_shown_incomplete_and_run_again(tmp_path, sweep_env):
-    """The run directory is the result: after a finished sweep loses one cell's run dir and the
-    other's summary.json is truncated, `suite status` shows both incomplete (not done), and
-    re-running the sweep submits exactly those two, which finish with every step once."""
-    uri, runs = sweep_env
-    path = write_sweep(tmp_path / "lost.yaml", {
-        "name": "lost", "base": [*TINY, "steps=2", f"out_dir={runs}"],
-        "matrix": {"seed": [0, 1]}, "launcher": {"max_parallel": 2, "poll_s": 0.5}})
-
-    def suite(*argv):
-        return subprocess.run([*SUITE, *argv], capture_output=True, text=True, env=child_env(), cwd=tmp_path,
-                              timeout=600)
-
-    first = suite("sweep", str(path))
-    assert first.returncode == 0, first.stdout + first.stderr
-    dirs = sorted(runs.glob("grpo-*"), key=lambda d: d.name)
-    assert len(dirs) == 2 and all((d / "summary.json").is_file() for d in dirs)
-    by_seed = {json.loads((d / "summary.json").read_text())["run_id"].split("-seed")[1][0]: d for d in dirs}
+    # a finished cell's run dir deleted, another's summary.json truncated
+    by_seed = {json.loads((d / "summary.json").read_text())["run_id"].split("-seed")[1][0]: d
+               for d in runs.glob("grpo-*")}
     gone, damaged = by_seed["0"], by_seed["1"]
-    import shutil
-
     shutil.rmtree(gone)
     text = (damaged / "summary.json").read_text()
     (damaged / "summary.json").write_text(text[: len(text) // 2])
-
-    status = suite("status", str(path))
+    status = subprocess.run([*SUITE, "status", str(path)], capture_output=True, text=True, env=child_env(),
+                            cwd=tmp_path, timeout=300)
     assert status.returncode == 0, status.stderr
     rows = {ln.split()[0]: ln for ln in status.stdout.splitlines() if ln.strip()[:1].isdigit()}
     assert rows["0"].split()[1] == "incomplete" and "run dir is gone" in rows["0"], status.stdout
     assert rows["1"].split()[1] == "incomplete" and "summary.json is damaged" in rows["1"], status.stdout
-    assert "incomplete 2  (of 2)" in status.stdout, status.stdout
+    assert rows["2"].split()[1] == "done", status.stdout
+    assert "incomplete 2  (of 3)" in status.stdout, status.stdout
 
-    jobs_before = len((runs / "_sweeps" / "lost" / "jobs.jsonl").read_text().splitlines())
-    again = suite("sweep", str(path))
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "submitting 2" in again.stdout.splitlines()[0], again.stdout
-    jobs = (runs / "_sweeps" / "lost" / "jobs.jsonl").read_text().splitlines()
-    assert len(jobs) == jobs_before + 2
+    repaired = subprocess.run([*SUITE, "sweep", str(path)], capture_output=True, text=True, env=child_env(),
+                              cwd=tmp_path, timeout=600)
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert "submitting 2" in repaired.stdout.splitlines()[0], repaired.stdout
+    assert len((state / "jobs.jsonl").read_text().splitlines()) == len(jobs) + 2
     for d in (gone, damaged):
-        assert json.loads((d / "summary.json").read_text())["steps"] == 2
-        assert _steps(d) == [0, 1, 2], d.name  # no step lost or duplicated
+        assert json.loads((d / "summary.json").read_text())["steps"] == 8
+        assert _steps(d) == list(range(0, 9)), d.name  # no step lost or duplicated
     assert (damaged / "summary.json.damaged").read_text() == text[: len(text) // 2]  # moved aside, not deleted
-    assert "done 2  (of 2)" in suite("status", str(path)).stdout
+    assert "done 3  (of 3)" in subprocess.run([*SUITE, "status", str(path)], capture_output=True, text=True,
+                                              env=child_env(), cwd=tmp_path, timeout=300).stdout
 
 
 @pytest.mark.slow  # ~40 s quiet: two cells stopped at a checkpoint, then resumed
