@@ -39,7 +39,7 @@ from suite.backend_config import (  # noqa: F401
     register_backend,
 )
 # overrides: parsed and type-checked before and after composing (re-exported: the config's API)
-from suite.overrides import ConfigError, check_override_types, parse_overrides  # noqa: F401
+from suite.overrides import ConfigError, apply_value_overrides, check_override_types, parse_overrides  # noqa: F401
 from suite.overrides import check as _check
 from suite.core.advantages import ALGORITHMS
 from suite.core.losses import CORRECTIONS as _LOSS_REGISTRY
@@ -468,18 +468,35 @@ def _check_recipe_backend(parsed) -> None:
                           "for the embedded backend")
 
 
-def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+def compose_config(overrides: list[str] | tuple[str, ...] = (), *, fast: bool = True) -> DictConfig:
     """Compose the run config from the structured defaults plus Hydra overrides, then validate.
 
     Hydra's own errors (unknown key, unknown group option) name the key and list the options.
+    Hydra composes in two phases: the group overrides (``quant=fp8``) choose and merge the defaults
+    list, then every other override is applied in order. The first phase runs through Hydra once
+    per distinct set of group overrides in a process (a sweep's cells and a test module's configs
+    share few; ~0.2 s each), kept pickled; the second with OmegaConf's public API
+    (`suite.overrides.apply_value_overrides`). Anything else (a delete ``~key``, sweep syntax
+    ``a=1,2``, a package, an override OmegaConf refuses, ``+key`` over an existing key) and every
+    error go through Hydra's whole compose, so its result and messages are Hydra's; ``fast=False``
+    always does (tests/sweep/test_compose.py checks the two agree on every form).
     """
     parsed = parse_overrides(overrides)
     _check_recipe_backend(parsed)
+    cfg = _compose_by_groups(parsed) if fast else None
+    if cfg is None:
+        cfg = _hydra_compose(list(overrides))
+    check_override_types(cfg, parsed)
+    return finalize(cfg)
+
+
+def _hydra_compose(overrides: list[str]) -> DictConfig:
+    """Hydra's whole compose (both phases), its errors in the suite's words where it has them."""
     GlobalHydra.instance().clear()
     # No config directory: every node comes from the ConfigStore registered above.
     try:
         with initialize(version_base="1.3", config_path=None, job_name="suite"):
-            cfg = compose(config_name="config", overrides=list(overrides))
+            return compose(config_name="config", overrides=overrides)
     except HydraException as exc:
         if (hint := _typo_hint(str(exc))) is not None:
             # the suite's line alone: Hydra's text goes on to advise `+key=value`, which the suite refuses
@@ -487,8 +504,38 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         raise
     finally:
         GlobalHydra.instance().clear()
-    check_override_types(cfg, parsed)
-    return finalize(cfg)
+
+
+# Hydra's first phase per tuple of group overrides, pickled (unpickling a DictConfig, types and
+# struct flag and all, is faster than copy.deepcopy of it); the ConfigStore is fixed in a process
+GROUP_BASES: dict[tuple[str, ...], bytes] = {}
+
+
+def _compose_by_groups(parsed: list) -> DictConfig | None:
+    """`compose_config`'s config from the cached first phase plus OmegaConf's second; None where
+    Hydra must compose it itself."""
+    import pickle
+
+    from suite.hydra_compat import config_groups
+
+    groups = config_groups()
+    group_lines: list[str] = []
+    values = []
+    for o in parsed:
+        if o.is_sweep_override() or o.is_delete() or o.package is not None:
+            return None
+        if o.key_or_group in groups and not isinstance(o.value(), dict):
+            group_lines.append(o.input_line)
+        else:
+            values.append(o)
+    key = tuple(group_lines)
+    if key not in GROUP_BASES:
+        try:
+            GROUP_BASES[key] = pickle.dumps(_hydra_compose(group_lines))
+        except (HydraException, ConfigError):  # an unknown option: the whole compose raises it, with the closest
+            return None
+    cfg = pickle.loads(GROUP_BASES[key])
+    return cfg if apply_value_overrides(cfg, values) else None
 
 
 def config_record(cfg: DictConfig) -> dict:

@@ -20,16 +20,32 @@ def check(cond: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+_PARSED: dict = {}  # override line -> Hydra's Override (read-only once parsed)
+_PARSER: list = []  # Hydra's override parser, made on first use
+
+
+def parse_override(line: str):
+    """Hydra's parse of one override line (its Override), each distinct line parsed once per
+    process: a sweep's cells and a test's configs share most lines, and the suite only reads an
+    Override after parsing it. Raises Hydra's parse error."""
+    o = _PARSED.get(line)
+    if o is None:
+        if not _PARSER:
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            _PARSER.append(OverridesParser.create())
+        o = _PARSED[line] = _PARSER[0].parse_overrides([line])[0]
+    return o
+
+
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list:
     """Hydra's parse of each override, one at a time so that an error names the override."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
-    parser = OverridesParser.create()
     parsed = []
     for line in overrides:
         try:
-            o = parser.parse_overrides([line])[0]
+            o = parse_override(line)
         except OverrideParseException as exc:
             reason = str(exc).splitlines()
             raise ConfigError(
@@ -56,6 +72,32 @@ def check_override_types(cfg: DictConfig, parsed: list) -> None:
         if isinstance(child, BooleanNode) and node is not None:
             value = o.value()
             check(isinstance(value, bool), o.key_or_group, f"must be true or false, got {value!r}")
+
+
+def apply_value_overrides(cfg: DictConfig, parsed: list) -> bool:
+    """Apply parsed `key=value`, `+key=value` and `++key=value` overrides to `cfg` in order, with
+    OmegaConf's public API, as Hydra applies them after its defaults list (Hydra's docs, "Basic
+    Override syntax": `key=value` changes a key that exists, `+key=value` adds one that does not,
+    `++key=value` sets it either way). False (cfg then half-changed: discard it) when one needs
+    Hydra's own handling or error: `+key` over an existing value, or a value OmegaConf refuses."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for o in parsed:
+        key, value = o.key_or_group, o.value()
+        try:
+            if o.is_add():
+                if (OmegaConf.select(cfg, key, throw_on_missing=False) is not None
+                        and not isinstance(value, (dict, list))):
+                    return False
+                OmegaConf.update(cfg, key, value, merge=True, force_add=True)
+            elif o.is_force_add():
+                OmegaConf.update(cfg, key, value, merge=True, force_add=True)
+            else:
+                OmegaConf.update(cfg, key, value, merge=True)
+        except OmegaConfBaseException:
+            return False
+    return True
 
 
 def first_line(exc: BaseException) -> str:

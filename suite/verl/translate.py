@@ -461,7 +461,7 @@ class VerlConfigComposer:
 
     verl's defaults list is composed once; each override list is then applied to a copy with
     OmegaConf's public API as ``compose`` applies value overrides after the defaults list
-    (`suite.sweep.compose.apply_value_overrides`); an override it leaves to Hydra composes in full.
+    (`suite.overrides.apply_value_overrides`); an override it leaves to Hydra composes in full.
     The translator emits no config-group overrides, so the result equals a full compose (tests
     check both on the same cells).
     """
@@ -472,7 +472,7 @@ class VerlConfigComposer:
     def compose(self, overrides: list[str]) -> DictConfig:
         import copy
 
-        from suite.sweep.compose import apply_value_overrides, parse_override
+        from suite.overrides import apply_value_overrides, parse_override
 
         parsed = [parse_override(line) for line in overrides]  # each distinct line parsed once
         cfg = copy.deepcopy(self.base)

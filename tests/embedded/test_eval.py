@@ -11,6 +11,7 @@ import sys
 
 import mlflow
 import pytest
+from cli_here import suite_here
 
 from suite.evaluation import read_results
 
@@ -147,12 +148,13 @@ class TestBadInputs:
         copy = tmp_path / "run"
         shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("eval"))
         before = _metrics(uri, run_dir)
+        # the first through a real `suite` process, the rest through the same entry point in this one
         _refused(_suite("eval", copy, "--benchmarks", "aime2024"), "aime2024", "arith-d1, arith-d2")
-        _refused(_suite("eval", copy, "--precision", "int4"), "'int4'", "bf16, fp32, rollout")
-        _refused(_suite("eval", copy, "--checkpoint", "3"), "'3'", "last, best, 2, 4")
-        _refused(_suite("eval", tmp_path / "nowhere"), "no such run directory")
-        _refused(_suite("eval", tmp_path), "not a run directory")
-        _refused(_suite("eval", copy, "seed=1"), "a run directory takes none")
+        _refused(suite_here("eval", copy, "--precision", "int4"), "'int4'", "bf16, fp32, rollout")
+        _refused(suite_here("eval", copy, "--checkpoint", "3"), "'3'", "last, best, 2, 4")
+        _refused(suite_here("eval", tmp_path / "nowhere"), "no such run directory")
+        _refused(suite_here("eval", tmp_path), "not a run directory")
+        _refused(suite_here("eval", copy, "seed=1"), "a run directory takes none")
         # a checkpoint of another model: a small-model checkpoint in the tiny run's place
         import torch
 
@@ -164,13 +166,13 @@ class TestBadInputs:
         payload = torch.load(ckpt, weights_only=True)
         payload["state"]["actor"] = other.state_dict()
         torch.save(payload, ckpt)
-        _refused(_suite("eval", copy), "holds another model", "model.preset=tiny")
+        _refused(suite_here("eval", copy), "holds another model", "model.preset=tiny")
         ckpt.write_bytes(b"not a checkpoint")
-        _refused(_suite("eval", copy), "step_00000004.pt: not a readable suite checkpoint")
+        _refused(suite_here("eval", copy), "step_00000004.pt: not a readable suite checkpoint")
         assert ckpt.read_bytes() == b"not a checkpoint"  # a read-only verb renames nothing
         for p in (copy / "checkpoints").iterdir():
             p.unlink()
-        _refused(_suite("eval", copy), "holds no checkpoint")
+        _refused(suite_here("eval", copy), "holds no checkpoint")
         assert not (copy / "eval").exists()
         # damaged files it reads: an earlier result of another shape, metrics that are not text, a config
         # that is empty or of another backend
@@ -182,16 +184,16 @@ class TestBadInputs:
                             ("", "not valid JSON"),
                             ('{"step": 3, "scores": []}', "step: 3, but the file is checkpoint 4")):
             result.write_text(body, errors="surrogateescape")
-            _refused(_suite("eval", copy), "step_00000004.json: not a suite eval result file", field)
+            _refused(suite_here("eval", copy), "step_00000004.json: not a suite eval result file", field)
             assert result.read_text(errors="surrogateescape") == body
         shutil.rmtree(copy / "eval")
         (copy / "metrics.jsonl").write_bytes(b"\xff\xfe not text")
-        _refused(_suite("eval", copy, "--benchmarks", "arith-d2", "--checkpoint", "best"),
+        _refused(suite_here("eval", copy, "--benchmarks", "arith-d2", "--checkpoint", "best"),
                  "metrics.jsonl: not a readable metrics file")
         config = (copy / "config.yaml").read_text()
         for body in ("", "- a list\n", config.replace("name: embedded", "name: nosuch", 1)):
             (copy / "config.yaml").write_text(body)
-            _refused(_suite("eval", copy), "config.yaml: backend.name is", "not one of embedded, verl")
+            _refused(suite_here("eval", copy), "config.yaml: backend.name is", "not one of embedded, verl")
         assert not (copy / "eval").exists()
         assert _metrics(uri, run_dir) == before
 

@@ -15,6 +15,7 @@ import nbformat
 import numpy as np
 import pandas as pd
 import pytest
+from cli_here import suite_here
 from mlflow.tracking import MlflowClient
 from scipy import stats
 
@@ -303,32 +304,31 @@ def test_cli_report_on_the_sweep(sweep_store, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_bad_input_names_the_option(sweep_store, tmp_path):
+def test_cli_bad_input_names_the_option(sweep_store, tmp_path, monkeypatch):
     env = {**os.environ}
     env.pop("MLFLOW_TRACKING_URI", None)
-    base = [sys.executable, "-m", "suite.cli", "report", "--tracking-uri", sweep_store.tracking_uri,
-            "--out", str(tmp_path)]
-    p = subprocess.run(base + ["--experiment", "no-such-exp"], capture_output=True, text=True, env=env, timeout=300)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    args = ["report", "--tracking-uri", sweep_store.tracking_uri, "--out", str(tmp_path)]
+    # the first through a real `suite` process, the rest through the same entry point in this one
+    p = subprocess.run([sys.executable, "-m", "suite.cli", *args, "--experiment", "no-such-exp"], capture_output=True,
+                       text=True, env=env, timeout=300)
     assert p.returncode == 2 and "--experiment 'no-such-exp'" in p.stderr and "report-test" in p.stderr, p.stderr
-    p = subprocess.run(base + ["--runs", "tags.precision === 'x'"], capture_output=True, text=True, env=env,
-                       timeout=300)
+    p = suite_here(*args, "--runs", "tags.precision === 'x'")
     assert p.returncode == 2 and "--runs" in p.stderr, p.stderr
-    p = subprocess.run(base + ["--experiment", "report-test", "--resamples", "100"], capture_output=True, text=True,
-                       env=env, timeout=300)
+    p = suite_here(*args, "--experiment", "report-test", "--resamples", "100")
     assert p.returncode == 2 and "--resamples=100" in p.stderr
     wrong = tmp_path.parent / f"{tmp_path.name}-rollout.json"
     wrong.write_text(json.dumps({"bench": "rollout", "rows": []}))  # another benchmark's result
     for bench, message in ((tmp_path.parent / "absent.json", "absent.json: no such file"),
                            (wrong, "bench: must be 'vllm', got 'rollout' (a `suite bench vllm` result")):
-        p = subprocess.run(base + ["--experiment", "report-test", "--bench", str(bench)], capture_output=True,
-                           text=True, env=env, timeout=300)
+        p = suite_here(*args, "--experiment", "report-test", "--bench", str(bench))
         assert p.returncode == 2 and f"suite report: --bench {bench}" in p.stderr and message in p.stderr, p.stderr
     # a sweep file that never ran in this store: a wrong source, not a report of nothing
     never = tmp_path.parent / f"{tmp_path.name}-never.yaml"
     never.write_text(f"name: never-ran\nbase: [model=tiny, tracking.experiment=report-test, "
                      f"out_dir={tmp_path.parent / 'never-runs'}]\n"
                      "matrix: {seed: [0, 1]}\n")
-    p = subprocess.run(base + [str(never)], capture_output=True, text=True, env=env, timeout=300)
+    p = suite_here(*args, str(never))
     assert p.returncode == 2 and f"sweep 'never-ran' ({never}) has no run there" in p.stderr, p.stderr
     assert not any(tmp_path.iterdir())  # nothing written before the input was checked
 

@@ -65,7 +65,6 @@ def test_the_report_and_status_read_each_cells_config_from_the_launch_without_co
     cell's config is that record made typed again: equal values, the same run id and params, the
     same section types and struct flags, and no compose of the cell (composing it would fail)."""
     import suite.config
-    import suite.sweep.compose
     from suite.config import run_id
     from suite.report.data import config_params
 
@@ -78,7 +77,6 @@ def test_the_report_and_status_read_each_cells_config_from_the_launch_without_co
         raise AssertionError("a recorded cell was composed")
 
     monkeypatch.setattr(suite.config, "compose_config", refuse)
-    monkeypatch.setattr(suite.sweep.compose, "compose_config", refuse)
     rec = load_sweep(str(path), recorded=True)
     for got, want in zip(rec.cells, full.cells):
         assert got.cfg == want.cfg and run_id(got.cfg) == want.run_id == got.run_id

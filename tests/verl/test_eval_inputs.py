@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_here import suite_here
 from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.verl
@@ -52,19 +53,19 @@ def _refused(proc, *words):
 
 def test_each_bad_input_is_refused_and_nothing_is_written(verl_run, tmp_path):
     _refused(_suite("eval", verl_run, "--benchmarks", "gsm8k"), "'gsm8k'", "aime2024, olympiadbench")
-    _refused(_suite("eval", verl_run, "--precision", "fp32"), "'fp32'", "bf16, rollout")
-    _refused(_suite("eval", verl_run, "--checkpoint", "7"), "'7'", "last, best, 2")
+    _refused(suite_here("eval", verl_run, "--precision", "fp32"), "'fp32'", "bf16, rollout")
+    _refused(suite_here("eval", verl_run, "--checkpoint", "7"), "'7'", "last, best, 2")
     hf = verl_run / "checkpoints" / "global_step_2" / "actor" / "huggingface" / "config.json"
     other = json.loads(hf.read_text())
     hf.write_text(json.dumps({**other, "hidden_size": other["hidden_size"] * 2}))
-    _refused(_suite("eval", verl_run), "holds another model", f"hidden_size {other['hidden_size'] * 2} there")
+    _refused(suite_here("eval", verl_run), "holds another model", f"hidden_size {other['hidden_size'] * 2} there")
     hf.write_text(json.dumps(other))
     (verl_run / "checkpoints" / "global_step_2" / "actor" / "fsdp_config.json").unlink()
-    _refused(_suite("eval", verl_run), "not a complete verl FSDP checkpoint")
+    _refused(suite_here("eval", verl_run), "not a complete verl FSDP checkpoint")
     shutil.rmtree(verl_run / "checkpoints")
-    _refused(_suite("eval", verl_run), "holds no checkpoint")
+    _refused(suite_here("eval", verl_run), "holds no checkpoint")
     (tmp_path / "val.parquet").unlink()
-    _refused(_suite("eval", verl_run), "val.parquet: no such data file")
+    _refused(suite_here("eval", verl_run), "val.parquet: no such data file")
     assert not (verl_run / "eval").exists()
 
 
@@ -140,14 +141,15 @@ def test_held_out_rows_without_a_gradable_source_and_best_on_the_reported_sets_a
 
     _refused(_suite("eval", verl_run, "--checkpoint", "best"),
              "--checkpoint best: chosen on the validation of aime2024, olympiadbench, which it would then report")
-    _refused(_suite("eval", verl_run, "--checkpoint", "best", "--benchmarks", "aime2024", "--select-on", "aime2024"),
+    _refused(suite_here("eval", verl_run, "--checkpoint", "best", "--benchmarks", "aime2024",
+                        "--select-on", "aime2024"),
              "chosen on the validation of aime2024")
     row = {"prompt": [{"role": "user", "content": "1+1="}], "reward_model": {"style": "rule", "ground_truth": "2"}}
     val = tmp_path / "val.parquet"
     pd.DataFrame([row]).to_parquet(val)
-    _refused(_suite("eval", verl_run), "row 0 has no data_source")
+    _refused(suite_here("eval", verl_run), "row 0 has no data_source")
     pd.DataFrame([{**row, "data_source": "codecontests"}]).to_parquet(val)
-    _refused(_suite("eval", verl_run), "data_source 'codecontests' has no grader", "backend.reward_fn_path")
+    _refused(suite_here("eval", verl_run), "data_source 'codecontests' has no grader", "backend.reward_fn_path")
     assert not (verl_run / "eval").exists()
 
 
@@ -177,13 +179,13 @@ def test_eval_model_refuses_what_it_cannot_score_before_anything_exists(tiny_qwe
                    "reward_model": {"style": "rule", "ground_truth": "2"}}]).to_parquet(val)
     out = [f"out_dir={tmp_path / 'runs'}", f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
     _refused(_suite("eval"), "give a run directory, a sweep file, or --model PATH")
-    _refused(_suite("eval", "--model", tmp_path / "nowhere", f"backend.val_files={val}", *out),
+    _refused(suite_here("eval", "--model", tmp_path / "nowhere", f"backend.val_files={val}", *out),
              "nowhere: not a Hugging Face model directory")
-    _refused(_suite("eval", "--model", tiny_qwen2, "recipe=qurl-deepscaler", *out), "backend.val_files=FILE")
-    _refused(_suite("eval", "--model", tiny_qwen2, f"backend.val_files={val}", "--benchmarks", "gsm8k", *out),
+    _refused(suite_here("eval", "--model", tiny_qwen2, "recipe=qurl-deepscaler", *out), "backend.val_files=FILE")
+    _refused(suite_here("eval", "--model", tiny_qwen2, f"backend.val_files={val}", "--benchmarks", "gsm8k", *out),
              "--benchmarks 'gsm8k': not one of aime2024")
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        _refused(_suite("eval", "--model", tiny_qwen2, f"backend.val_files={val}", *out), "needs vLLM")
+        _refused(suite_here("eval", "--model", tiny_qwen2, f"backend.val_files={val}", *out), "needs vLLM")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
