@@ -47,6 +47,13 @@ if HAVE_VLLM and EMULATE:
         setattr(torch.cpu, _name, lambda: False)
 
 
+# The stage's two verl runs (3-4 min each on 2 cores, by far its longest tests) lead the two halves of
+# the collection. xdist's worksteal schedule (.ci/vllm-cpu) hands each worker one contiguous half and
+# lets an idle worker take from the other's tail, so the two runs start side by side and the short
+# tests fill in around them; in file order both sat in the second half, one after the other.
+LEADERS = ("test_verl_grpo.py", "test_verl_dapo.py")
+
+
 def pytest_collection_modifyitems(config, items):
     here = os.path.dirname(__file__)
     for item in items:
@@ -55,6 +62,11 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.timeout(900))
             else:
                 item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+    leaders = [i for name in LEADERS for i in items if os.path.basename(str(i.fspath)) == name]
+    if len(leaders) == 2:
+        rest = [i for i in items if i not in leaders]
+        half = len(items) // 2
+        items[:] = [leaders[0], *rest[:half - 1], leaders[1], *rest[half - 1:]]
 
 
 # measured numbers (parity, sync times, step metrics) from xdist's workers, gathered on the controller
