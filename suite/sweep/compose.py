@@ -16,7 +16,6 @@ from omegaconf import DictConfig
 from suite import config
 
 
-
 class CellComposer:
     """Compose configs like `compose_config`, counting the Hydra composes of new group choices."""
 

@@ -108,9 +108,9 @@ def _rerun_finishes_without_duplicates(path: Path, runs: Path, uri: str, tmp_pat
             list(range(1, STEPS + 1))
 
 
-def _held(barrier, runs: Path, n: int = 1):
-    """`n` cells hold at their step-2 checkpoint with their MLflow run open."""
-    return lambda: barrier.reached(2) and len(_started(runs)) >= n
+def _held(barrier, runs: Path):
+    """A cell holds at its step-2 checkpoint with its MLflow run open."""
+    return lambda: barrier.reached(2) and bool(_started(runs))
 
 
 def test_sigterm_to_a_local_sweep_stops_its_cells_and_ends_their_runs(tmp_path, sweep_env, monkeypatch):
